@@ -1,0 +1,31 @@
+"""lightning-zero: ZeRO sharding and offload strategies for PyTorch Lightning, selected by name.
+
+Importing the package registers the presets (``zero1`` ... ``zero3_offload_nvme``) with Lightning's
+strategy registry, so ``Trainer(strategy="zero3_offload")`` works.
+"""
+
+from lightning_zero.errors import ZeroConfigError
+from lightning_zero.strategies import (
+    PRESETS,
+    DeepSpeedZeroConfig,
+    ZeroConfig,
+    ZeroStrategy,
+    build_preset,
+    preset_names,
+    register_presets,
+)
+
+register_presets()
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "PRESETS",
+    "DeepSpeedZeroConfig",
+    "ZeroConfig",
+    "ZeroConfigError",
+    "ZeroStrategy",
+    "__version__",
+    "build_preset",
+    "preset_names",
+]

@@ -1,0 +1,37 @@
+"""Build Hugging Face models and tokenizers from a local folder, a shipped model, a hub name, or a shape."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from torch import nn
+from transformers import AutoTokenizer, PreTrainedTokenizerBase
+
+from lightning_zero.errors import ZeroConfigError
+from lightning_zero.models.shapes import is_shape, shape_config
+from lightning_zero.models.source import resolve_pretrained
+
+
+def load_tokenizer(name_or_path: str) -> PreTrainedTokenizerBase:
+    """A tokenizer from a folder, a shipped model or the hub; refuses one with an empty vocabulary."""
+    tokenizer = AutoTokenizer.from_pretrained(resolve_pretrained(name_or_path))
+    if len(tokenizer) == 0:
+        raise ZeroConfigError(f"Tokenizer {name_or_path!r} loaded with an empty vocabulary: point it at a folder.")
+    return tokenizer
+
+
+def build_model(auto_class: Any, source: str, vocab_size: int | None = None, **config_overrides: Any) -> nn.Module:
+    """``auto_class`` (e.g. ``AutoModelForSequenceClassification``) from pretrained weights or a random shape.
+
+    Args:
+        auto_class: A transformers ``AutoModelFor...`` class.
+        source: A local folder, a hub name, or ``shape:NAME`` (see :mod:`lightning_zero.models.shapes`).
+        vocab_size: For shapes, the tokenizer's vocabulary size; ignored for pretrained weights.
+        config_overrides: Config fields, e.g. ``num_labels=2``.
+    """
+    if is_shape(source):
+        config = shape_config(source, vocab_size=vocab_size)
+        for key, value in config_overrides.items():
+            setattr(config, key, value)
+        return auto_class.from_config(config)
+    return auto_class.from_pretrained(resolve_pretrained(source), **config_overrides)

@@ -1,0 +1,82 @@
+"""Find a model's repeated transformer blocks, and checkpoint their activations, without model code changes.
+
+Both sharding (one FSDP unit per block) and activation checkpointing (recompute one block at a time) need
+to know what a "block" is. Hugging Face models name their block classes in ``_no_split_modules``; any other
+model's blocks are taken to be the modules held in an ``nn.ModuleList`` that repeats one class.
+"""
+
+from __future__ import annotations
+
+from torch import nn
+from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
+    CheckpointImpl,
+    apply_activation_checkpointing,
+    checkpoint_wrapper,
+)
+
+
+def _hugging_face_block_names(model: nn.Module) -> set[str]:
+    names: set[str] = set()
+    for module in model.modules():
+        names.update(getattr(module, "_no_split_modules", None) or ())
+    return names
+
+
+def _repeated_module_list_classes(model: nn.Module) -> set[type[nn.Module]]:
+    classes: set[type[nn.Module]] = set()
+    for module in model.modules():
+        if isinstance(module, nn.ModuleList) and len(module) > 1:
+            kinds = {type(child) for child in module}
+            if len(kinds) == 1:
+                classes |= kinds
+    return classes
+
+
+def transformer_block_classes(model: nn.Module) -> set[type[nn.Module]]:
+    """The classes of ``model``'s repeated blocks (empty when it has none)."""
+    names = _hugging_face_block_names(model)
+    if names:
+        found = {type(module) for module in model.modules() if type(module).__name__ in names}
+        if found:
+            return found
+    return _repeated_module_list_classes(model)
+
+
+def transformer_blocks(model: nn.Module) -> list[nn.Module]:
+    """``model``'s block instances, outermost first, none nested in another."""
+    classes = tuple(transformer_block_classes(model))
+    blocks: list[nn.Module] = []
+    inside: set[int] = set()
+    for module in model.modules():
+        if id(module) in inside:
+            continue
+        if classes and isinstance(module, classes):
+            blocks.append(module)
+            inside.update(id(child) for child in module.modules())
+    return blocks
+
+
+def enable_activation_checkpointing(model: nn.Module) -> int:
+    """Recompute each block's activations in backward. Returns how many blocks are checkpointed.
+
+    Hugging Face models use their own ``gradient_checkpointing_enable`` (state-dict keys unchanged); other
+    models get torch's non-reentrant checkpoint wrapper around each block.
+    """
+    hugging_face = [
+        module
+        for module in model.modules()
+        if getattr(module, "supports_gradient_checkpointing", False) and hasattr(module, "gradient_checkpointing_enable")
+    ]
+    if hugging_face:
+        for module in hugging_face[:1]:
+            module.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        return len(transformer_blocks(model))
+    classes = tuple(transformer_block_classes(model))
+    if not classes:
+        return 0
+    apply_activation_checkpointing(
+        model,
+        checkpoint_wrapper_fn=lambda module: checkpoint_wrapper(module, checkpoint_impl=CheckpointImpl.NO_REENTRANT),
+        check_fn=lambda module: isinstance(module, classes),
+    )
+    return sum(isinstance(module, classes) for module in model.modules())

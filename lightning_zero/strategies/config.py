@@ -1,0 +1,113 @@
+"""Typed configuration shared by every backend.
+
+Each backend has one dataclass that extends :class:`ZeroConfig` with its own fields. Fields that name a
+concept all backends share (ZeRO stage, offload, activation checkpointing) live here, so switching the
+backend in a YAML file changes one line.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Literal, TypeVar
+
+from lightning_zero.errors import ZeroConfigError
+
+OffloadDevice = Literal["none", "cpu", "nvme"]
+_OFFLOAD_DEVICES = ("none", "cpu", "nvme")
+
+ConfigT = TypeVar("ConfigT", bound="ZeroConfig")
+
+
+@dataclasses.dataclass(frozen=True)
+class ZeroConfig:
+    """What every ZeRO backend understands.
+
+    Args:
+        stage: ZeRO stage. 0: plain data parallel; 1: optimizer state sharded; 2: also gradients;
+            3: also parameters.
+        offload_optimizer: Where optimizer state and the optimizer step live: ``"none"`` (the device),
+            ``"cpu"`` or ``"nvme"``.
+        offload_parameters: Where parameters live between uses (stage 3 only).
+        activation_checkpointing: Recompute each transformer block's activations in the backward pass
+            instead of storing them. Applied to the model's blocks without model code changes.
+    """
+
+    stage: int = 2
+    offload_optimizer: OffloadDevice = "none"
+    offload_parameters: OffloadDevice = "none"
+    activation_checkpointing: bool = False
+
+    def __post_init__(self) -> None:
+        if self.stage not in (0, 1, 2, 3):
+            raise ZeroConfigError(f"ZeRO stage must be 0, 1, 2 or 3, got {self.stage!r}: set `stage` to one of them.")
+        for name in ("offload_optimizer", "offload_parameters"):
+            value = getattr(self, name)
+            if value not in _OFFLOAD_DEVICES:
+                raise ZeroConfigError(f"`{name}` must be one of {_OFFLOAD_DEVICES}, got {value!r}.")
+        if self.offload_parameters != "none" and self.stage != 3:
+            raise ZeroConfigError(
+                f"Parameter offload needs ZeRO stage 3, got stage {self.stage}: set `stage: 3` or"
+                " `offload_parameters: none`."
+            )
+
+    @property
+    def offloads(self) -> bool:
+        """Whether anything is offloaded off the accelerator."""
+        return self.offload_optimizer != "none" or self.offload_parameters != "none"
+
+    @classmethod
+    def from_dict(cls: type[ConfigT], values: Mapping[str, Any]) -> ConfigT:
+        """Build the config from a mapping, rejecting keys the dataclass does not have with the valid ones."""
+        valid = [f.name for f in dataclasses.fields(cls)]
+        unknown = sorted(set(values) - set(valid))
+        if unknown:
+            raise ZeroConfigError(
+                f"Unknown {cls.__name__} key(s) {unknown}: valid keys are {valid}."
+            )
+        return cls(**values)
+
+    @classmethod
+    def coerce(cls: type[ConfigT], value: ConfigT | Mapping[str, Any] | None) -> ConfigT:
+        """Accept an instance, a mapping (as from a YAML file) or ``None`` (the defaults)."""
+        if value is None:
+            return cls()
+        if isinstance(value, cls):
+            return value
+        if isinstance(value, ZeroConfig):
+            raise ZeroConfigError(
+                f"This strategy takes a {cls.__name__}, got a {type(value).__name__}: use the matching backend."
+            )
+        return cls.from_dict(value)
+
+    def replace(self: ConfigT, **changes: Any) -> ConfigT:
+        """A copy with some fields changed (validated again)."""
+        valid = {f.name for f in dataclasses.fields(self)}
+        unknown = sorted(set(changes) - valid)
+        if unknown:
+            raise ZeroConfigError(f"Unknown {type(self).__name__} key(s) {unknown}: valid keys are {sorted(valid)}.")
+        return dataclasses.replace(self, **changes)
+
+
+def reject_unsupported(config: ZeroConfig, backend: str, **unsupported: object) -> None:
+    """Raise if ``config`` asks for a value a backend cannot honour.
+
+    ``unsupported`` maps a field name to the only value the backend supports for it.
+    """
+    for name, supported_value in unsupported.items():
+        value = getattr(config, name)
+        if value != supported_value:
+            raise ZeroConfigError(
+                f"{backend} does not support `{name}: {value}`: set it to {supported_value!r} or use a DeepSpeed preset."
+            )
+
+
+def require_existing_dir(path: str | None, what: str) -> Path:
+    """Return ``path`` as a directory that exists, or raise naming the setting to fix."""
+    if not path:
+        raise ZeroConfigError(f"{what} needs a path: set `nvme_path` to a directory on a fast local disk.")
+    directory = Path(path)
+    if not directory.is_dir():
+        raise ZeroConfigError(f"{what} path {str(directory)!r} does not exist: create it or set `nvme_path` to one.")
+    return directory

@@ -1,0 +1,67 @@
+"""Swap a module's plain torch Adam/AdamW for DeepSpeed's CPU Adam when the optimizer step is offloaded.
+
+DeepSpeed refuses a client optimizer under optimizer offload unless told otherwise, and a torch Adam
+stepping on CPU is several times slower than DeepSpeed's vectorised CPU Adam. The user's model code keeps
+returning ``torch.optim.AdamW``; the strategy makes the swap, with the same hyper-parameters.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import torch
+from lightning.pytorch.utilities import rank_zero_info
+from torch.optim import Optimizer
+
+# torch-only switches that have no meaning for DeepSpeed's CPU Adam.
+_TORCH_ONLY_GROUP_KEYS = ("foreach", "maximize", "capturable", "differentiable", "fused", "amsgrad", "decoupled_weight_decay")
+
+
+def is_swappable(optimizer: Optimizer) -> bool:
+    """Plain torch Adam/AdamW without amsgrad (DeepSpeed's CPU Adam does not implement it)."""
+    return type(optimizer) in (torch.optim.Adam, torch.optim.AdamW) and not optimizer.defaults.get("amsgrad")
+
+
+def to_cpu_adam(optimizer: Optimizer) -> Optimizer:
+    """A ``DeepSpeedCPUAdam`` over the same parameter groups and hyper-parameters as ``optimizer``."""
+    from deepspeed.ops.adam import DeepSpeedCPUAdam
+
+    groups = [
+        {key: value for key, value in group.items() if key not in _TORCH_ONLY_GROUP_KEYS}
+        for group in optimizer.param_groups
+    ]
+    defaults = optimizer.defaults
+    adamw_mode = isinstance(optimizer, torch.optim.AdamW) or bool(defaults.get("decoupled_weight_decay"))
+    cpu_adam = DeepSpeedCPUAdam(
+        groups,
+        lr=defaults["lr"],
+        betas=defaults["betas"],
+        eps=defaults["eps"],
+        weight_decay=defaults["weight_decay"],
+        adamw_mode=adamw_mode,
+    )
+    rank_zero_info(
+        f"Optimizer offload: running `{type(optimizer).__name__}` as DeepSpeedCPUAdam(adamw_mode={adamw_mode}) with"
+        f" lr={defaults['lr']}, betas={tuple(defaults['betas'])}, eps={defaults['eps']},"
+        f" weight_decay={defaults['weight_decay']}."
+    )
+    return cpu_adam
+
+
+def rebind_scheduler(scheduler: Any, optimizer: Optimizer) -> None:
+    """Point an LR scheduler built for another optimizer at ``optimizer``.
+
+    Does what ``LRScheduler.__init__`` does to its optimizer: wrap ``step`` so the scheduler can tell that
+    the optimizer stepped before it.
+    """
+    scheduler.optimizer = optimizer
+    step = optimizer.step
+
+    @functools.wraps(step)
+    def tracked_step(*args: Any, **kwargs: Any) -> Any:
+        optimizer._opt_called = True  # type: ignore[attr-defined]
+        return step(*args, **kwargs)
+
+    tracked_step._wrapped_by_lr_sched = True  # type: ignore[attr-defined]
+    optimizer.step = tracked_step  # type: ignore[method-assign]

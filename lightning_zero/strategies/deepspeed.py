@@ -1,0 +1,233 @@
+"""ZeRO through DeepSpeed, on CUDA GPUs (nccl) and on CPU (gloo).
+
+A thin layer over Lightning's ``DeepSpeedStrategy``: its engine set-up, precision plugin and checkpointing
+are used as they are. What changes: a typed config instead of dozens of keyword arguments, ``"auto"``
+values filled from the Trainer, no silent gradient clipping, CPU runs, and a plain torch Adam/AdamW from
+``configure_optimizers`` working under optimizer offload.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+from collections.abc import Mapping
+from datetime import timedelta
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from lightning.fabric.plugins.collectives.torch_collective import default_pg_timeout
+from lightning.fabric.strategies.deepspeed import _validate_device_index_selection
+from lightning.fabric.utilities.seed import reset_seed
+from lightning.pytorch.strategies import DDPStrategy, DeepSpeedStrategy
+from lightning.pytorch.strategies.deepspeed import _format_precision_config, remove_module_hooks
+from lightning.pytorch.utilities import rank_zero_info
+from torch.nn import Module
+from torch.optim import Optimizer
+
+from lightning_zero.errors import ZeroConfigError
+from lightning_zero.strategies import cpu_adam
+from lightning_zero.strategies.blocks import enable_activation_checkpointing
+from lightning_zero.strategies.deepspeed_config import (
+    DeepSpeedZeroConfig,
+    TrainerValues,
+    load_deepspeed_config,
+    offloads_optimizer,
+    resolve_auto,
+    to_deepspeed_config,
+    zero_stage,
+)
+
+if TYPE_CHECKING:
+    import deepspeed
+    from lightning.pytorch.core.optimizer import LRSchedulerConfig
+
+
+class ZeroStrategy(DeepSpeedStrategy):
+    """ZeRO stages 0–3 with optional CPU/NVMe offload, through DeepSpeed.
+
+    Args:
+        zero: The ZeRO settings (a :class:`DeepSpeedZeroConfig` or a mapping of its fields).
+        deepspeed_config: A full DeepSpeed config instead (a dict, or a JSON/YAML file path). ``"auto"``
+            values in it are filled from the Trainer and the module; values that contradict the Trainer
+            are an error. Do not pass ``zero`` with it.
+        accelerator: Set by the Trainer.
+        parallel_devices: Set by the Trainer.
+        cluster_environment: Set by the Trainer.
+        precision_plugin: Set by the Trainer.
+        process_group_backend: ``"nccl"`` on GPUs and ``"gloo"`` on CPU unless given.
+        timeout: Collective-operation timeout.
+        load_full_weights: Stage 3: load a single consolidated checkpoint file rather than a sharded directory.
+        logging_level: DeepSpeed's logging level.
+    """
+
+    strategy_name = "zero"
+
+    def __init__(
+        self,
+        zero: DeepSpeedZeroConfig | None = None,
+        deepspeed_config: str | Path | dict[str, Any] | None = None,
+        accelerator: Any = None,
+        parallel_devices: list | None = None,
+        cluster_environment: Any = None,
+        precision_plugin: Any = None,
+        process_group_backend: str | None = None,
+        timeout: timedelta | None = default_pg_timeout,
+        load_full_weights: bool = False,
+        logging_level: int = logging.WARN,
+    ) -> None:
+        if zero is not None and deepspeed_config is not None:
+            raise ZeroConfigError("Pass either `zero` or `deepspeed_config` to ZeroStrategy, not both.")
+        self.zero = DeepSpeedZeroConfig.coerce(zero)
+        ds_config = (
+            load_deepspeed_config(deepspeed_config) if deepspeed_config is not None else to_deepspeed_config(self.zero)
+        )
+        remote_device = self.zero.offload_parameters if self.zero.offload_parameters != "none" else None
+        super().__init__(
+            accelerator=accelerator,
+            config=ds_config,
+            parallel_devices=parallel_devices,
+            cluster_environment=cluster_environment,
+            precision_plugin=precision_plugin,
+            process_group_backend=process_group_backend,
+            timeout=timeout,
+            load_full_weights=load_full_weights,
+            logging_level=logging_level,
+            remote_device=remote_device,
+            loss_scale=self.zero.loss_scale,
+            initial_scale_power=self.zero.initial_scale_power,
+            loss_scale_window=self.zero.loss_scale_window,
+            hysteresis=self.zero.hysteresis,
+            min_loss_scale=int(self.zero.min_loss_scale),
+        )
+
+    @property
+    def on_cpu(self) -> bool:
+        return self.root_device.type == "cpu"
+
+    def setup_environment(self) -> None:
+        # Lightning's DeepSpeedStrategy refuses anything but CUDA here; DeepSpeed itself runs on CPU.
+        if self.on_cpu:
+            _use_deepspeed_cpu_accelerator()
+        DDPStrategy.setup_environment(self)
+
+    def setup_distributed(self) -> None:
+        assert self.parallel_devices is not None
+        if not self.on_cpu:
+            _validate_device_index_selection(self.parallel_devices)
+        reset_seed()
+        self.set_world_ranks()
+        self._init_deepspeed_distributed()
+
+    def setup(self, trainer: Any) -> None:
+        if self.zero.activation_checkpointing:
+            assert self.model is not None
+            count = enable_activation_checkpointing(self.model)
+            rank_zero_info(f"Activation checkpointing on {count} transformer blocks.")
+        super().setup(trainer)
+
+    @property
+    def _device_rank(self) -> int:
+        index = self.root_device.index
+        return self.local_rank if index is None else index
+
+    def _setup_model_and_optimizer(
+        self, model: Module, optimizer: Optimizer | None, lr_scheduler: Any = None
+    ) -> tuple[deepspeed.DeepSpeedEngine, Optimizer]:
+        import deepspeed
+
+        engine, ds_optimizer, _, _ = deepspeed.initialize(
+            args=argparse.Namespace(device_rank=self._device_rank),
+            config=self.config,
+            model=model,
+            model_parameters=[p for p in model.parameters() if p.requires_grad],
+            optimizer=optimizer,
+            lr_scheduler=lr_scheduler,
+            dist_init_required=False,
+        )
+        return engine, ds_optimizer
+
+    def _initialize_deepspeed_inference(self, model: Module) -> None:
+        import deepspeed
+
+        assert isinstance(self.config, dict)
+        inference_config: dict[str, Any] = {"train_micro_batch_size_per_gpu": 1}
+        for block in ("fp16", "bf16"):
+            if block in self.config:
+                inference_config[block] = self.config[block]
+        if self.zero_stage_3:
+            inference_config["zero_allow_untested_optimizer"] = True
+            inference_config["zero_optimization"] = self.config["zero_optimization"]
+        remove_module_hooks(model)
+        self.model, _, _, _ = deepspeed.initialize(
+            args=argparse.Namespace(device_rank=self._device_rank),
+            config=inference_config,
+            model=model,
+            optimizer=None,
+            lr_scheduler=None,
+            model_parameters=[],
+            dist_init_required=False,
+        )
+
+    def _init_optimizers(self) -> tuple[Optimizer, LRSchedulerConfig | None]:
+        optimizer, scheduler_config = super()._init_optimizers()
+        assert isinstance(self.config, dict)
+        if offloads_optimizer(self.config) and self.zero.cpu_adam_for_offload and cpu_adam.is_swappable(optimizer):
+            optimizer = cpu_adam.to_cpu_adam(optimizer)
+            if scheduler_config is not None:
+                cpu_adam.rebind_scheduler(scheduler_config.scheduler, optimizer)
+        return optimizer, scheduler_config
+
+    def _format_config(self) -> None:
+        assert isinstance(self.config, dict)
+        self.config = resolve_auto(self.config, self._trainer_values())
+        _format_precision_config(
+            config=self.config,
+            precision=self.precision_plugin.precision,
+            loss_scale=self.loss_scale,
+            loss_scale_window=self.loss_scale_window,
+            min_loss_scale=self.min_loss_scale,
+            initial_scale_power=self.initial_scale_power,
+            hysteresis=self.hysteresis,
+        )
+        stage = zero_stage(self.config)
+        if stage > 3:
+            raise ZeroConfigError(f"ZeRO stage must be 0, 1, 2 or 3, got {stage}: fix `zero_optimization.stage`.")
+
+    def _trainer_values(self) -> TrainerValues:
+        module = self.lightning_module
+        if module is None or module._trainer is None:
+            return TrainerValues(micro_batch_size=1)
+        trainer = module.trainer
+        assert isinstance(self.config, dict)
+        needs_optimizer = _has_auto(self.config.get("optimizer")) or _has_auto(self.config.get("scheduler"))
+        return TrainerValues(
+            micro_batch_size=self._auto_select_batch_size(),
+            accumulate_grad_batches=trainer.accumulate_grad_batches,
+            gradient_clip_val=trainer.gradient_clip_val,
+            precision=str(self.precision_plugin.precision),
+            optimizer_hparams=self._module_optimizer_hparams() if needs_optimizer else {},
+            total_steps=int(trainer.estimated_stepping_batches) if _has_auto(self.config.get("scheduler")) else None,
+        )
+
+    def _module_optimizer_hparams(self) -> dict[str, Any]:
+        optimizer, _ = DeepSpeedStrategy._init_optimizers(self)
+        return {key: optimizer.defaults[key] for key in ("lr", "weight_decay", "betas", "eps") if key in optimizer.defaults}
+
+    @classmethod
+    def register_strategies(cls, strategy_registry: Any) -> None:
+        from lightning_zero.strategies.presets import register_presets
+
+        register_presets(strategy_registry, backend="deepspeed")
+
+
+def _has_auto(section: Mapping[str, Any] | None) -> bool:
+    params = (section or {}).get("params", {})
+    return any(value == "auto" for value in params.values())
+
+
+def _use_deepspeed_cpu_accelerator() -> None:
+    from deepspeed.accelerator import get_accelerator, set_accelerator
+    from deepspeed.accelerator.cpu_accelerator import CPU_Accelerator
+
+    if get_accelerator().device_name() != "cpu":
+        set_accelerator(CPU_Accelerator())

@@ -1,0 +1,282 @@
+"""DeepSpeed's configuration: our typed dataclass, its translation, and ``"auto"`` resolution.
+
+Everything here is a pure function of its arguments, so it is unit-tested on CPU without DeepSpeed running.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from lightning_zero.errors import ZeroConfigError
+from lightning_zero.strategies.config import ZeroConfig, require_existing_dir
+
+AUTO = "auto"
+
+
+@dataclasses.dataclass(frozen=True)
+class DeepSpeedZeroConfig(ZeroConfig):
+    """ZeRO through DeepSpeed.
+
+    Args:
+        nvme_path: Directory for NVMe offload (must exist when an offload target is ``"nvme"``).
+        pin_memory: Page-lock offloaded CPU memory (faster host-device copies, only useful on GPUs).
+        overlap_comm: Overlap gradient reduction with the backward pass.
+        contiguous_gradients: Copy gradients into one buffer as they are produced (less fragmentation).
+        reduce_bucket_size: Elements reduced at a time.
+        allgather_bucket_size: Elements all-gathered at a time (stages 1 and 2).
+        prefetch_bucket_size: Elements of parameters fetched ahead (stage 3).
+        param_persistence_threshold: Parameters smaller than this stay unpartitioned (stage 3).
+        max_live_parameters: Parameters kept gathered at once before release (stage 3).
+        sub_group_size: Elements per optimizer step group (bounds CPU/NVMe optimizer memory).
+        offload_buffer_count: Buffers for NVMe parameter swapping.
+        offload_buffer_size: Elements per NVMe parameter buffer.
+        cpu_adam_for_offload: Under optimizer offload, replace a plain ``torch.optim.Adam``/``AdamW`` from
+            ``configure_optimizers`` by DeepSpeed's CPU Adam with the same hyper-parameters.
+        loss_scale: fp16 loss scale; 0 means dynamic.
+        initial_scale_power: fp16 dynamic loss scale starts at ``2**initial_scale_power``.
+        loss_scale_window: Steps without overflow before the fp16 loss scale grows.
+        hysteresis: Overflows tolerated before the fp16 loss scale shrinks.
+        min_loss_scale: Lowest fp16 loss scale.
+    """
+
+    nvme_path: str | None = None
+    pin_memory: bool = False
+    overlap_comm: bool = True
+    contiguous_gradients: bool = True
+    reduce_bucket_size: int = 200_000_000
+    allgather_bucket_size: int = 200_000_000
+    prefetch_bucket_size: int = 50_000_000
+    param_persistence_threshold: int = 100_000
+    max_live_parameters: int = 1_000_000_000
+    sub_group_size: int = 1_000_000_000
+    offload_buffer_count: int = 5
+    offload_buffer_size: int = 100_000_000
+    cpu_adam_for_offload: bool = True
+    loss_scale: float = 0.0
+    initial_scale_power: int = 16
+    loss_scale_window: int = 1000
+    hysteresis: int = 2
+    min_loss_scale: float = 1.0
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if "nvme" in (self.offload_optimizer, self.offload_parameters):
+            require_existing_dir(self.nvme_path, "NVMe offload")
+
+
+def zero_optimization_section(config: DeepSpeedZeroConfig) -> dict[str, Any]:
+    """The ``zero_optimization`` block of a DeepSpeed config for ``config``."""
+    section: dict[str, Any] = {
+        "stage": config.stage,
+        "overlap_comm": config.overlap_comm,
+        "contiguous_gradients": config.contiguous_gradients,
+        "reduce_bucket_size": config.reduce_bucket_size,
+        "sub_group_size": config.sub_group_size,
+    }
+    if config.stage in (1, 2):
+        section["allgather_bucket_size"] = config.allgather_bucket_size
+    if config.stage == 3:
+        section["stage3_prefetch_bucket_size"] = config.prefetch_bucket_size
+        section["stage3_param_persistence_threshold"] = config.param_persistence_threshold
+        section["stage3_max_live_parameters"] = config.max_live_parameters
+    if config.offload_optimizer != "none":
+        section["offload_optimizer"] = {
+            "device": config.offload_optimizer,
+            "nvme_path": config.nvme_path,
+            "pin_memory": config.pin_memory,
+        }
+    if config.offload_parameters != "none":
+        section["offload_param"] = {
+            "device": config.offload_parameters,
+            "nvme_path": config.nvme_path,
+            "pin_memory": config.pin_memory,
+            "buffer_count": config.offload_buffer_count,
+            "buffer_size": config.offload_buffer_size,
+        }
+    return section
+
+
+def to_deepspeed_config(config: DeepSpeedZeroConfig) -> dict[str, Any]:
+    """Translate our dataclass into a DeepSpeed config dict; Trainer-owned values stay ``"auto"``.
+
+    Gradient clipping is ``"auto"`` too, which resolves to the Trainer's ``gradient_clip_val`` or 0: DeepSpeed's
+    own default (clip to norm 1.0) never applies silently.
+    """
+    return {
+        "train_micro_batch_size_per_gpu": AUTO,
+        "gradient_accumulation_steps": AUTO,
+        "gradient_clipping": AUTO,
+        "zero_allow_untested_optimizer": True,
+        "zero_force_ds_cpu_optimizer": False,
+        "zero_optimization": zero_optimization_section(config),
+        "fp16": {
+            "enabled": AUTO,
+            "loss_scale": config.loss_scale,
+            "initial_scale_power": config.initial_scale_power,
+            "loss_scale_window": config.loss_scale_window,
+            "hysteresis": config.hysteresis,
+            "min_loss_scale": config.min_loss_scale,
+        },
+        "bf16": {"enabled": AUTO},
+    }
+
+
+def load_deepspeed_config(source: str | Path | Mapping[str, Any]) -> dict[str, Any]:
+    """Read a DeepSpeed config from a dict or a JSON/YAML file, with one-line errors for bad input."""
+    if isinstance(source, Mapping):
+        return copy.deepcopy(dict(source))
+    path = Path(source).expanduser()
+    if not path.is_file():
+        raise ZeroConfigError(f"DeepSpeed config file {str(path)!r} does not exist: pass an existing JSON or YAML file.")
+    text = path.read_text()
+    try:
+        loaded = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
+    except (json.JSONDecodeError, yaml.YAMLError) as error:
+        first_line = str(error).splitlines()[0]
+        raise ZeroConfigError(
+            f"DeepSpeed config file {str(path)!r} is not valid JSON/YAML ({first_line}): fix the file's syntax."
+        ) from None
+    if not isinstance(loaded, dict):
+        raise ZeroConfigError(
+            f"DeepSpeed config file {str(path)!r} must hold a mapping of settings, got {type(loaded).__name__}."
+        )
+    return loaded
+
+
+def zero_stage(ds_config: Mapping[str, Any]) -> int:
+    """The ZeRO stage a DeepSpeed config asks for (0 when it has no ``zero_optimization`` block)."""
+    return int(ds_config.get("zero_optimization", {}).get("stage", 0))
+
+
+def offloads_optimizer(ds_config: Mapping[str, Any]) -> bool:
+    """Whether a DeepSpeed config moves the optimizer step off the accelerator."""
+    offload = ds_config.get("zero_optimization", {}).get("offload_optimizer") or {}
+    return offload.get("device", "none") not in ("none", None)
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainerValues:
+    """What the Trainer and the LightningModule decide, used to fill ``"auto"`` values.
+
+    Args:
+        micro_batch_size: Batch size of one process's training dataloader.
+        accumulate_grad_batches: The Trainer's gradient accumulation.
+        gradient_clip_val: The Trainer's clipping norm, ``None`` when not set.
+        precision: The Trainer's precision string, e.g. ``"32-true"`` or ``"bf16-mixed"``.
+        optimizer_hparams: lr, weight_decay, betas, eps of the module's optimizer, where it has them.
+        total_steps: Optimizer steps the run will take.
+    """
+
+    micro_batch_size: int
+    accumulate_grad_batches: int = 1
+    gradient_clip_val: float | None = None
+    precision: str = "32-true"
+    optimizer_hparams: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    total_steps: int | None = None
+
+
+def _fill(config: dict[str, Any], key: str, value: Any, where: str, trainer_name: str, explicit: bool) -> None:
+    """Set ``config[key]`` to ``value`` when it is ``"auto"``; raise when an explicit value disagrees."""
+    if key not in config or config[key] == AUTO:
+        config[key] = value
+    elif explicit and config[key] != value:
+        raise ZeroConfigError(
+            f"DeepSpeed config sets `{where}{key}: {config[key]}` but the Trainer has `{trainer_name}={value}`:"
+            f" make them agree or set `{key}: auto` in the DeepSpeed config."
+        )
+
+
+def _resolve_precision(config: dict[str, Any], precision: str) -> None:
+    wanted = {"fp16": precision.startswith("16"), "bf16": precision.startswith("bf16")}
+    for block, enabled in wanted.items():
+        section = config.get(block)
+        if not isinstance(section, dict):
+            continue
+        value = section.get("enabled", AUTO)
+        if value == AUTO:
+            section["enabled"] = enabled
+        elif bool(value) != enabled:
+            raise ZeroConfigError(
+                f"DeepSpeed config sets `{block}.enabled: {value}` but the Trainer has `precision={precision!r}`:"
+                f" make them agree or set `{block}.enabled: auto` in the DeepSpeed config."
+            )
+    for block in list(wanted):
+        if isinstance(config.get(block), dict) and not config[block]["enabled"]:
+            del config[block]
+
+
+_OPTIMIZER_HPARAMS = ("lr", "weight_decay", "betas", "eps")
+
+
+def _resolve_optimizer(config: dict[str, Any], hparams: Mapping[str, Any]) -> None:
+    params = config.get("optimizer", {}).get("params", {})
+    for name, value in params.items():
+        if value != AUTO:
+            continue
+        if name not in hparams:
+            raise ZeroConfigError(
+                f"DeepSpeed config has `optimizer.params.{name}: auto` but the module's optimizer has no {name!r}:"
+                " give the value in the DeepSpeed config."
+            )
+        hparam = hparams[name]
+        params[name] = list(hparam) if isinstance(hparam, tuple) else hparam
+
+
+def _resolve_scheduler(config: dict[str, Any], values: TrainerValues) -> None:
+    params = config.get("scheduler", {}).get("params", {})
+    fills: dict[str, Any] = {
+        "total_num_steps": values.total_steps,
+        "warmup_max_lr": values.optimizer_hparams.get("lr"),
+        "warmup_min_lr": 0.0,
+        "warmup_num_steps": 0,
+    }
+    for name, value in params.items():
+        if value != AUTO:
+            continue
+        if fills.get(name) is None:
+            raise ZeroConfigError(
+                f"DeepSpeed config has `scheduler.params.{name}: auto` which cannot be inferred: give its value."
+            )
+        params[name] = fills[name]
+
+
+def resolve_auto(ds_config: Mapping[str, Any], values: TrainerValues) -> dict[str, Any]:
+    """Fill ``"auto"`` values from the Trainer and module, as Hugging Face Accelerate does.
+
+    An explicit value that disagrees with what the Trainer decided is an error naming both. A missing
+    ``gradient_clipping`` means the Trainer's value (0 when it does not clip), never DeepSpeed's default.
+    """
+    config = copy.deepcopy(dict(ds_config))
+    _fill(config, "train_micro_batch_size_per_gpu", values.micro_batch_size, "", "batch_size", explicit=True)
+    _fill(
+        config,
+        "gradient_accumulation_steps",
+        values.accumulate_grad_batches,
+        "",
+        "accumulate_grad_batches",
+        explicit=True,
+    )
+    clip = values.gradient_clip_val
+    _fill(config, "gradient_clipping", float(clip or 0.0), "", "gradient_clip_val", explicit=clip is not None)
+    if config.get("train_batch_size") == AUTO:
+        del config["train_batch_size"]
+    _resolve_precision(config, values.precision)
+    _resolve_optimizer(config, values.optimizer_hparams)
+    _resolve_scheduler(config, values)
+    leftover = sorted(_auto_paths(config))
+    if leftover:
+        raise ZeroConfigError(f"DeepSpeed config has `auto` values that cannot be inferred: {leftover}; give them.")
+    return config
+
+
+def _auto_paths(node: Any, prefix: str = "") -> list[str]:
+    if isinstance(node, dict):
+        return [path for key, value in node.items() for path in _auto_paths(value, f"{prefix}{key}.")]
+    return [prefix.rstrip(".")] if node == AUTO else []

@@ -1,0 +1,117 @@
+"""Every named preset, in one table, and their registration with Lightning's strategy registry.
+
+``import lightning_zero`` registers them, so ``Trainer(strategy="zero3_offload")`` works; the CLI imports
+the package first, so short names work in YAML files without the user importing anything.
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from lightning.pytorch.strategies import StrategyRegistry
+
+from lightning_zero.errors import ZeroConfigError
+
+
+@dataclass(frozen=True)
+class Preset:
+    """A strategy name and what it means: a backend and the fields of that backend's config dataclass."""
+
+    name: str
+    backend: str
+    description: str
+    fields: Mapping[str, Any]
+
+
+_CPU = "cpu"
+_NVME = "nvme"
+
+PRESETS: tuple[Preset, ...] = (
+    Preset("zero1", "deepspeed", "DeepSpeed ZeRO-1: optimizer state sharded", {"stage": 1}),
+    Preset("zero2", "deepspeed", "DeepSpeed ZeRO-2: optimizer state and gradients sharded", {"stage": 2}),
+    Preset(
+        "zero2_offload",
+        "deepspeed",
+        "DeepSpeed ZeRO-2, optimizer state and step on CPU",
+        {"stage": 2, "offload_optimizer": _CPU},
+    ),
+    Preset("zero3", "deepspeed", "DeepSpeed ZeRO-3: parameters, gradients and optimizer state sharded", {"stage": 3}),
+    Preset(
+        "zero3_offload",
+        "deepspeed",
+        "DeepSpeed ZeRO-3, parameters and optimizer on CPU",
+        {"stage": 3, "offload_optimizer": _CPU, "offload_parameters": _CPU},
+    ),
+    Preset(
+        "zero3_offload_nvme",
+        "deepspeed",
+        "DeepSpeed ZeRO-3, parameters and optimizer on NVMe (needs nvme_path)",
+        {"stage": 3, "offload_optimizer": _NVME, "offload_parameters": _NVME},
+    ),
+)
+
+
+def backend_class(backend: str) -> type:
+    """The strategy class of a backend, imported only when asked for (optional backends may be missing)."""
+    if backend == "deepspeed":
+        from lightning_zero.strategies.deepspeed import ZeroStrategy
+
+        return ZeroStrategy
+    raise ZeroConfigError(f"Unknown backend {backend!r}: use one of {sorted({p.backend for p in PRESETS})}.")
+
+
+def preset_names() -> list[str]:
+    """All preset names, in table order."""
+    return [preset.name for preset in PRESETS]
+
+
+def get_preset(name: str) -> Preset:
+    """The preset called ``name``, or a one-line error with the closest name."""
+    for preset in PRESETS:
+        if preset.name == name:
+            return preset
+    raise ZeroConfigError(f"Unknown preset {name!r}: {_suggestion(name, preset_names())}presets are {preset_names()}.")
+
+
+def register_presets(registry: Any = StrategyRegistry, backend: str | None = None) -> None:
+    """Register every preset (or one backend's) with a Lightning strategy registry (Lightning's own by default)."""
+    for preset in PRESETS:
+        if backend is not None and preset.backend != backend:
+            continue
+        registry.register(
+            preset.name, _PresetFactory(preset), description=preset.description, override=True
+        )
+
+
+class _PresetFactory:
+    """Builds a preset's strategy when Lightning resolves its name; keyword arguments override fields."""
+
+    def __init__(self, preset: Preset) -> None:
+        self.preset = preset
+
+    def __call__(self, **overrides: Any) -> Any:
+        return build_preset(self.preset.name, **overrides)
+
+
+def build_preset(name: str, **overrides: Any) -> Any:
+    """The strategy for preset ``name``, with config fields overridden, e.g. ``nvme_path="/local_nvme"``."""
+    preset = get_preset(name)
+    return backend_class(preset.backend)(zero={**preset.fields, **overrides})
+
+
+def _suggestion(name: str, names: list[str]) -> str:
+    close = difflib.get_close_matches(name, names, n=1)
+    return f"did you mean {close[0]!r}? " if close else ""
+
+
+def check_strategy_name(name: str) -> None:
+    """Raise a one-line error with the closest name when ``name`` is not a registered strategy."""
+    if name in StrategyRegistry:
+        return
+    raise ZeroConfigError(
+        f"Unknown strategy {name!r}: {_suggestion(name, list(StrategyRegistry))}lightning-zero presets are"
+        f" {preset_names()}."
+    )
