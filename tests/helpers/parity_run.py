@@ -11,35 +11,79 @@ from __future__ import annotations
 
 import argparse
 import sys
-from dataclasses import astuple
+from typing import Any
+from dataclasses import astuple, dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import lightning as L  # noqa: E402
+from lightning.pytorch.callbacks import ModelCheckpoint  # noqa: E402
 import torch  # noqa: E402
 
 import lightning_zero  # noqa: E402, F401  (registers the presets)
 from lightning_zero.memory.footprint import rank_footprint  # noqa: E402
+from lightning_zero.strategies import ZeroStrategy  # noqa: E402
 from tests.helpers.tiny import TinyLM  # noqa: E402
 
 
-def train(strategy: str, steps: int, precision: str, out: Path) -> None:
-    L.seed_everything(7)
-    module = TinyLM()
-    trainer = L.Trainer(
+@dataclass(frozen=True)
+class Length:
+    """How long to train: ``steps`` optimizer steps, or ``epochs`` whole epochs (``steps=-1``)."""
+
+    steps: int = -1
+    epochs: int | None = None
+
+
+def make_strategy(spec: str) -> Any:
+    """A registered name, or ``config:PATH`` for a ZeroStrategy built from a DeepSpeed config file."""
+    if spec.startswith("config:"):
+        return ZeroStrategy(deepspeed_config=spec.removeprefix("config:"))
+    return spec
+
+
+def make_trainer(spec: str, length: Length, precision: str, checkpoint_dir: Path | None = None) -> L.Trainer:
+    callbacks = []
+    if checkpoint_dir is not None:
+        callbacks.append(ModelCheckpoint(dirpath=checkpoint_dir, save_on_train_epoch_end=True, save_top_k=-1))
+    return L.Trainer(
         accelerator="cpu",
         devices=2,
-        strategy=strategy,
+        strategy=make_strategy(spec),
         precision=precision,
-        max_steps=steps,
+        max_steps=length.steps,
+        max_epochs=length.epochs,
         logger=False,
-        enable_checkpointing=False,
+        enable_checkpointing=checkpoint_dir is not None,
+        callbacks=callbacks,
         enable_progress_bar=False,
         enable_model_summary=False,
-        use_distributed_sampler=True,
     )
-    trainer.fit(module)
+
+
+def result_name(spec: str) -> str:
+    return Path(spec.removeprefix("config:")).stem if spec.startswith("config:") else spec
+
+
+def train(spec: str, length: Length, precision: str, out: Path, resume_after_epoch: int | None) -> None:
+    L.seed_everything(7)
+    module = TinyLM()
+    if resume_after_epoch is None:
+        trainer = make_trainer(spec, length, precision)
+        trainer.fit(module)
+    else:
+        # Train `resume_after_epoch` epochs, which the checkpoint callback saves; then continue in a fresh
+        # Trainer and module from that checkpoint, as a user resuming with `ckpt_path` does.
+        # (Epoch-based: Lightning 2.6 resumes `max_steps` runs saved at an epoch end one epoch too far.)
+        checkpoint_dir = out / f"{result_name(spec)}-checkpoints"
+        first = make_trainer(spec, Length(epochs=resume_after_epoch), precision, checkpoint_dir)
+        first.fit(module)
+        assert first.checkpoint_callback is not None
+        checkpoint = first.checkpoint_callback.best_model_path
+        L.seed_everything(7)
+        module = TinyLM()
+        trainer = make_trainer(spec, length, precision)
+        trainer.fit(module, ckpt_path=checkpoint)
     footprint = torch.tensor(astuple(rank_footprint(module, trainer.optimizers)))
     footprints = trainer.strategy.all_gather(footprint).tolist()
     gather = getattr(trainer.strategy, "full_state_dict", None)
@@ -47,23 +91,27 @@ def train(strategy: str, steps: int, precision: str, out: Path) -> None:
     if trainer.is_global_zero:
         result = {
             "losses": module.losses,
+            "batch_fingerprints": module.batch_fingerprints,
             "state_dict": {k: v.detach().float().cpu().clone() for k, v in state.items()},
             "footprints": footprints,
         }
-        torch.save(result, out / f"{strategy}.pt")
+        suffix = "" if resume_after_epoch is None else "-resumed"
+        torch.save(result, out / f"{result_name(spec)}{suffix}.pt")
     trainer.strategy.barrier()
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("out", type=Path)
-    parser.add_argument("--steps", type=int, default=12)
+    parser.add_argument("--steps", type=int, default=-1)
+    parser.add_argument("--epochs", type=int, default=None, help="train whole epochs (16 steps each) instead")
     parser.add_argument("--precision", default="32-true")
     parser.add_argument("--strategies", nargs="+", required=True)
+    parser.add_argument("--resume-after-epoch", type=int, default=None, help="save then, resume in a new Trainer")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
-    for strategy in args.strategies:
-        train(strategy, args.steps, args.precision, args.out)
+    for spec in args.strategies:
+        train(spec, Length(args.steps, args.epochs), args.precision, args.out, args.resume_after_epoch)
 
 
 if __name__ == "__main__":

@@ -43,12 +43,14 @@ class TinyLM(L.LightningModule):
         torch.manual_seed(0)
         self.model = GPT2LMHeadModel(tiny_gpt2_config())
         self.losses: list[float] = []
+        self.batch_fingerprints: list[int] = []
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         return self.model(input_ids=input_ids, labels=input_ids).loss
 
     def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
         loss = self(batch[0])
+        self.batch_fingerprints.append(int(batch[0].sum()))
         self.losses.append(float(self.trainer.strategy.reduce(loss.detach().clone(), reduce_op="mean")))
         self.log("train_loss", loss)
         return loss

@@ -1,0 +1,69 @@
+"""The optimizer-offload swap keeps the user's hyper-parameters, groups and scheduler."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+
+from lightning_zero.strategies import cpu_adam
+
+
+def make_model() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.LayerNorm(8), torch.nn.Linear(8, 2))
+
+
+@pytest.mark.parametrize(("optimizer_class", "adamw_mode"), [(torch.optim.AdamW, True), (torch.optim.Adam, False)])
+def test_swap_keeps_hyper_parameters_and_groups(optimizer_class, adamw_mode):
+    model = make_model()
+    decay, no_decay = list(model[0].parameters()) + list(model[2].parameters()), list(model[1].parameters())
+    original = optimizer_class(
+        [{"params": decay}, {"params": no_decay, "weight_decay": 0.0}],
+        lr=3e-4,
+        betas=(0.8, 0.9),
+        eps=1e-6,
+        weight_decay=0.05,
+    )
+    swapped = cpu_adam.to_cpu_adam(original)
+    assert type(swapped).__name__ == "DeepSpeedCPUAdam"
+    assert swapped.adam_w_mode == adamw_mode
+    assert [g["weight_decay"] for g in swapped.param_groups] == [0.05, 0.0]
+    assert all(g["lr"] == 3e-4 and tuple(g["betas"]) == (0.8, 0.9) and g["eps"] == 1e-6 for g in swapped.param_groups)
+    assert [len(g["params"]) for g in swapped.param_groups] == [4, 2]
+
+
+def test_swapped_optimizer_steps_like_torch_adamw():
+    reference, candidate = make_model(), make_model()
+    torch_adamw = torch.optim.AdamW(reference.parameters(), lr=1e-2, weight_decay=0.1)
+    ds_adamw = cpu_adam.to_cpu_adam(torch.optim.AdamW(candidate.parameters(), lr=1e-2, weight_decay=0.1))
+    inputs = torch.randn(16, 8)
+    for _ in range(5):
+        for model, optimizer in ((reference, torch_adamw), (candidate, ds_adamw)):
+            optimizer.zero_grad()
+            model(inputs).square().mean().backward()
+            optimizer.step()
+    for a, b in zip(reference.parameters(), candidate.parameters(), strict=True):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+
+
+def test_only_plain_adam_without_amsgrad_is_swapped():
+    params = make_model().parameters()
+    assert cpu_adam.is_swappable(torch.optim.AdamW(params))
+    assert not cpu_adam.is_swappable(torch.optim.AdamW(make_model().parameters(), amsgrad=True))
+    assert not cpu_adam.is_swappable(torch.optim.SGD(make_model().parameters(), lr=0.1))
+
+
+def test_rebound_scheduler_drives_the_new_optimizer_without_warnings():
+    model = make_model()
+    original = torch.optim.AdamW(model.parameters(), lr=1.0)
+    scheduler = torch.optim.lr_scheduler.LinearLR(original, start_factor=1.0, end_factor=0.5, total_iters=2)
+    swapped = cpu_adam.to_cpu_adam(original)
+    cpu_adam.rebind_scheduler(scheduler, swapped)
+    model(torch.randn(2, 8)).sum().backward()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        swapped.step()
+        scheduler.step()
+    assert swapped.param_groups[0]["lr"] == pytest.approx(0.75)

@@ -1,0 +1,153 @@
+"""The DeepSpeed translation and "auto" resolution: pure functions, no DeepSpeed engine."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from lightning_zero.errors import ZeroConfigError
+from lightning_zero.strategies.deepspeed_config import (
+    DeepSpeedZeroConfig,
+    TrainerValues,
+    load_deepspeed_config,
+    offloads_optimizer,
+    resolve_auto,
+    to_deepspeed_config,
+    zero_stage,
+)
+from lightning_zero.strategies.presets import PRESETS
+
+VALUES = TrainerValues(micro_batch_size=8, accumulate_grad_batches=2, gradient_clip_val=None, precision="32-true")
+
+
+@pytest.mark.parametrize("preset", [p for p in PRESETS if p.backend == "deepspeed" and "nvme" not in p.name], ids=lambda p: p.name)
+def test_presets_translate_to_their_stage_and_offload(preset):
+    config = resolve_auto(to_deepspeed_config(DeepSpeedZeroConfig(**preset.fields)), VALUES)
+    zero = config["zero_optimization"]
+    assert zero["stage"] == preset.fields["stage"]
+    assert ("offload_optimizer" in zero) == (preset.fields.get("offload_optimizer", "none") != "none")
+    assert ("offload_param" in zero) == (preset.fields.get("offload_parameters", "none") != "none")
+    assert ("stage3_prefetch_bucket_size" in zero) == (zero["stage"] == 3)
+
+
+def test_no_clipping_asked_means_none_happens():
+    # DeepSpeed clips to norm 1.0 when the key is missing; ours must always write the Trainer's choice.
+    config = resolve_auto(to_deepspeed_config(DeepSpeedZeroConfig()), VALUES)
+    assert config["gradient_clipping"] == 0.0
+    from_file = resolve_auto({"zero_optimization": {"stage": 2}}, VALUES)
+    assert from_file["gradient_clipping"] == 0.0
+
+
+def test_trainer_values_fill_auto():
+    values = TrainerValues(micro_batch_size=16, accumulate_grad_batches=4, gradient_clip_val=0.5, precision="bf16-mixed")
+    config = resolve_auto(to_deepspeed_config(DeepSpeedZeroConfig()), values)
+    assert config["train_micro_batch_size_per_gpu"] == 16
+    assert config["gradient_accumulation_steps"] == 4
+    assert config["gradient_clipping"] == 0.5
+    assert config["bf16"] == {"enabled": True}
+    assert "fp16" not in config
+
+
+def test_fp16_block_keeps_loss_scale_settings():
+    config = resolve_auto(
+        to_deepspeed_config(DeepSpeedZeroConfig(initial_scale_power=12)),
+        TrainerValues(micro_batch_size=1, precision="16-mixed"),
+    )
+    assert config["fp16"]["enabled"] is True
+    assert config["fp16"]["initial_scale_power"] == 12
+    assert "bf16" not in config
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "trainer_name"),
+    [
+        ("train_micro_batch_size_per_gpu", 4, "batch_size=8"),
+        ("gradient_accumulation_steps", 1, "accumulate_grad_batches=2"),
+    ],
+)
+def test_explicit_value_conflicting_with_trainer_is_one_line_error(key, value, trainer_name):
+    with pytest.raises(ZeroConfigError) as error:
+        resolve_auto({key: value}, VALUES)
+    message = str(error.value)
+    assert "\n" not in message
+    assert f"{key}: {value}" in message and trainer_name in message
+
+
+def test_explicit_clipping_conflict_only_when_trainer_clips():
+    assert resolve_auto({"gradient_clipping": 1.0}, VALUES)["gradient_clipping"] == 1.0
+    clipping = TrainerValues(micro_batch_size=8, accumulate_grad_batches=2, gradient_clip_val=0.5)
+    with pytest.raises(ZeroConfigError, match="gradient_clip_val=0.5"):
+        resolve_auto({"gradient_clipping": 1.0}, clipping)
+
+
+def test_precision_conflict_names_both():
+    with pytest.raises(ZeroConfigError, match=r"fp16.enabled: True.*precision='32-true'"):
+        resolve_auto({"fp16": {"enabled": True}}, VALUES)
+
+
+def test_optimizer_and_scheduler_auto_from_module_and_trainer():
+    values = TrainerValues(
+        micro_batch_size=8,
+        optimizer_hparams={"lr": 3e-4, "weight_decay": 0.1, "betas": (0.9, 0.95), "eps": 1e-8},
+        total_steps=1000,
+    )
+    config = resolve_auto(
+        {
+            "optimizer": {"type": "AdamW", "params": {"lr": "auto", "weight_decay": "auto", "betas": "auto"}},
+            "scheduler": {
+                "type": "WarmupDecayLR",
+                "params": {"total_num_steps": "auto", "warmup_max_lr": "auto", "warmup_num_steps": 10},
+            },
+        },
+        values,
+    )
+    assert config["optimizer"]["params"] == {"lr": 3e-4, "weight_decay": 0.1, "betas": [0.9, 0.95]}
+    assert config["scheduler"]["params"] == {"total_num_steps": 1000, "warmup_max_lr": 3e-4, "warmup_num_steps": 10}
+
+
+def test_auto_that_cannot_be_inferred_is_an_error():
+    with pytest.raises(ZeroConfigError, match=r"optimizer.params.momentum: auto"):
+        resolve_auto({"optimizer": {"type": "SGD", "params": {"momentum": "auto"}}}, VALUES)
+    with pytest.raises(ZeroConfigError, match=r"zero_optimization.reduce_bucket_size"):
+        resolve_auto({"zero_optimization": {"reduce_bucket_size": "auto"}}, VALUES)
+
+
+def test_resolve_does_not_mutate_its_input():
+    original = to_deepspeed_config(DeepSpeedZeroConfig())
+    snapshot = json.dumps(original, sort_keys=True)
+    resolve_auto(original, VALUES)
+    assert json.dumps(original, sort_keys=True) == snapshot
+
+
+def test_load_json_and_yaml(tmp_path):
+    (tmp_path / "ds.json").write_text('{"zero_optimization": {"stage": 3}}')
+    (tmp_path / "ds.yaml").write_text("zero_optimization:\n  stage: 1\n")
+    assert zero_stage(load_deepspeed_config(tmp_path / "ds.json")) == 3
+    assert zero_stage(load_deepspeed_config(str(tmp_path / "ds.yaml"))) == 1
+    assert load_deepspeed_config({"a": {"b": 1}}) == {"a": {"b": 1}}
+
+
+@pytest.mark.parametrize(
+    ("name", "text", "expected"),
+    [
+        ("missing.json", None, "does not exist"),
+        ("broken.json", '{"zero_optimization": ', "not valid JSON/YAML"),
+        ("broken.yaml", "a: [1, 2\n", "not valid JSON/YAML"),
+        ("list.yaml", "- 1\n- 2\n", "must hold a mapping"),
+    ],
+)
+def test_bad_config_files_are_one_line_errors(tmp_path, name, text, expected):
+    path = tmp_path / name
+    if text is not None:
+        path.write_text(text)
+    with pytest.raises(ZeroConfigError) as error:
+        load_deepspeed_config(path)
+    assert expected in str(error.value)
+    assert "\n" not in str(error.value)
+
+
+def test_offload_detection():
+    assert offloads_optimizer(to_deepspeed_config(DeepSpeedZeroConfig(stage=2, offload_optimizer="cpu")))
+    assert not offloads_optimizer(to_deepspeed_config(DeepSpeedZeroConfig(stage=3)))
+    assert not offloads_optimizer({"zero_optimization": {"offload_optimizer": {"device": "none"}}})
