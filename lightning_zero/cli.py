@@ -4,6 +4,7 @@
     lightning-zero fit --config configs/deberta.yaml --trainer.strategy zero3_offload
     lightning-zero chat --checkpoint runs/chatbot/last.ckpt
     lightning-zero strategies
+    lightning-zero build-ops
 
 ``trainer.strategy`` takes a short name (``zero2``, ``zero3_offload``, ...) or ``class_path`` + ``init_args``.
 Bad configuration ends with one ``error:`` line that names the fix, not a traceback.
@@ -50,12 +51,26 @@ def list_strategies() -> str:
     return "\n".join(f"{preset.name:<{width}}  {preset.backend:<9}  {preset.description}" for preset in PRESETS)
 
 
+def build_deepspeed_cpu_ops() -> None:
+    """Compile DeepSpeed's CPU ops now (shared-memory collectives, CPU Adam) instead of in the first run."""
+    from deepspeed.accelerator import get_accelerator
+
+    for builder in ("ShareMemCommBuilder", "CPUAdamBuilder"):
+        op_builder = get_accelerator().create_op_builder(builder)
+        if op_builder is not None and op_builder.is_compatible():
+            op_builder.load()
+            print(f"built {builder}")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``lightning-zero`` and ``main.py``; returns the exit status."""
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
         if argv[:1] == ["strategies"]:
             print(list_strategies())
+            return 0
+        if argv[:1] == ["build-ops"]:
+            build_deepspeed_cpu_ops()
             return 0
         if argv[:1] == ["chat"]:
             from lightning_zero.chat import main as chat_main

@@ -42,12 +42,14 @@ def make_strategy(spec: str) -> Any:
     return spec
 
 
-def make_trainer(spec: str, length: Length, precision: str, checkpoint_dir: Path | None = None) -> L.Trainer:
+def make_trainer(
+    spec: str, length: Length, precision: str, checkpoint_dir: Path | None = None, accelerator: str = "cpu"
+) -> L.Trainer:
     callbacks = []
     if checkpoint_dir is not None:
         callbacks.append(ModelCheckpoint(dirpath=checkpoint_dir, save_on_train_epoch_end=True, save_top_k=-1))
     return L.Trainer(
-        accelerator="cpu",
+        accelerator=accelerator,
         devices=2,
         strategy=make_strategy(spec),
         precision=precision,
@@ -65,26 +67,28 @@ def result_name(spec: str) -> str:
     return Path(spec.removeprefix("config:")).stem if spec.startswith("config:") else spec
 
 
-def train(spec: str, length: Length, precision: str, out: Path, resume_after_epoch: int | None) -> None:
+def train(
+    spec: str, length: Length, precision: str, out: Path, resume_after_epoch: int | None, accelerator: str
+) -> None:
     L.seed_everything(7)
     module = TinyLM()
     if resume_after_epoch is None:
-        trainer = make_trainer(spec, length, precision)
+        trainer = make_trainer(spec, length, precision, accelerator=accelerator)
         trainer.fit(module)
     else:
         # Train `resume_after_epoch` epochs, which the checkpoint callback saves; then continue in a fresh
         # Trainer and module from that checkpoint, as a user resuming with `ckpt_path` does.
         # (Epoch-based: Lightning 2.6 resumes `max_steps` runs saved at an epoch end one epoch too far.)
         checkpoint_dir = out / f"{result_name(spec)}-checkpoints"
-        first = make_trainer(spec, Length(epochs=resume_after_epoch), precision, checkpoint_dir)
+        first = make_trainer(spec, Length(epochs=resume_after_epoch), precision, checkpoint_dir, accelerator)
         first.fit(module)
         assert first.checkpoint_callback is not None
         checkpoint = first.checkpoint_callback.best_model_path
         L.seed_everything(7)
         module = TinyLM()
-        trainer = make_trainer(spec, length, precision)
+        trainer = make_trainer(spec, length, precision, accelerator=accelerator)
         trainer.fit(module, ckpt_path=checkpoint)
-    footprint = torch.tensor(astuple(rank_footprint(module, trainer.optimizers)))
+    footprint = torch.tensor(astuple(rank_footprint(module, trainer.optimizers)), device=trainer.strategy.root_device)
     footprints = trainer.strategy.all_gather(footprint).tolist()
     gather = getattr(trainer.strategy, "full_state_dict", None)
     state = gather() if gather is not None else module.state_dict()
@@ -106,12 +110,13 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=-1)
     parser.add_argument("--epochs", type=int, default=None, help="train whole epochs (16 steps each) instead")
     parser.add_argument("--precision", default="32-true")
+    parser.add_argument("--accelerator", default="cpu")
     parser.add_argument("--strategies", nargs="+", required=True)
     parser.add_argument("--resume-after-epoch", type=int, default=None, help="save then, resume in a new Trainer")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     for spec in args.strategies:
-        train(spec, Length(args.steps, args.epochs), args.precision, args.out, args.resume_after_epoch)
+        train(spec, Length(args.steps, args.epochs), args.precision, args.out, args.resume_after_epoch, args.accelerator)
 
 
 if __name__ == "__main__":

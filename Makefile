@@ -1,0 +1,23 @@
+# The two set-up commands of the README: each creates .venv on first use.
+VENV ?= .venv
+PYTHON := $(VENV)/bin/python
+INSTALLED := $(VENV)/.installed
+
+.PHONY: quickstart test lint
+
+$(INSTALLED): pyproject.toml constraints.txt scripts/install.sh
+	bash scripts/install.sh $(VENV)
+	touch $@
+
+quickstart: $(INSTALLED)
+	$(PYTHON) main.py fit --config configs/quickstart.yaml
+
+test: $(INSTALLED)
+	$(VENV)/bin/ruff check lightning_zero tests examples benchmarks main.py
+	$(VENV)/bin/mypy
+	$(PYTHON) -m pytest
+
+lint: $(INSTALLED)
+	$(VENV)/bin/ruff check lightning_zero tests examples benchmarks main.py
+	$(VENV)/bin/ruff format --check lightning_zero tests examples benchmarks main.py
+	$(VENV)/bin/mypy
