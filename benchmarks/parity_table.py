@@ -1,6 +1,6 @@
 """Print (and write as Markdown) how far each strategy's run is from DDP's, from parity_run.py's output.
 
-    python benchmarks/parity_table.py RUN_DIR [--markdown OUT.md]
+python benchmarks/parity_table.py RUN_DIR [--markdown OUT.md]
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ def main() -> None:
     parser.add_argument("--markdown", type=Path)
     args = parser.parse_args()
     lines = [
-        "| strategy | steps | max loss diff vs DDP | max weight diff vs DDP | per-rank params:optimizer-state elements |",
+        "| strategy | steps | max loss diff vs DDP | max weight diff vs DDP | per rank: params:optimizer-state |",
         "|---|---|---|---|---|",
     ]
     lines += [f"| {n} | {s} | {lo:.2e} | {w:.2e} | {fp} |" for n, s, lo, w, fp in rows(args.directory)]

@@ -13,10 +13,15 @@ Bad configuration ends with one ``error:`` line that names the fix, not a traceb
 from __future__ import annotations
 
 import sys
+from argparse import ArgumentError
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
+import yaml
+from jsonargparse import ArgumentParser
 from lightning.pytorch.cli import LightningCLI
+from lightning.pytorch.strategies import Strategy
 
 import lightning_zero  # noqa: F401  (registers the presets before the Trainer is built)
 from lightning_zero.errors import ZeroConfigError
@@ -29,10 +34,86 @@ class ZeroCLI(LightningCLI):
     def before_instantiate_classes(self) -> None:
         strategy = self._active_config().get("trainer", {}).get("strategy")
         if isinstance(strategy, str):
+            if Path(strategy).is_file():
+                raise ZeroConfigError(f"Strategy config {strategy!r}: {_why_not_a_strategy(strategy)}")
             check_strategy_name(strategy)
+
+    def instantiate_classes(self) -> None:
+        try:
+            super().instantiate_classes()
+        except ValueError as error:
+            cause = _config_error_in_chain(error)
+            if cause is None:
+                raise
+            raise cause from None
+
+    def parse_arguments(self, parser: Any, args: Any) -> None:
+        _raise_instead_of_exit(parser)
+        try:
+            super().parse_arguments(parser, args)
+        except ArgumentError as error:
+            raise ZeroConfigError(innermost_reason(str(error))) from None
 
     def _active_config(self) -> Any:
         return self.config[self.subcommand] if self.subcommand else self.config
+
+
+def _raise_instead_of_exit(parser: Any) -> None:
+    parser.exit_on_error = False
+    subcommands = getattr(parser, "_subcommands_action", None)
+    for subparser in getattr(subcommands, "_name_parser_map", {}).values():
+        _raise_instead_of_exit(subparser)
+
+
+_CONTEXT_LINES = (
+    "Given value",
+    "Expected a",
+    "Subtypes:",
+    "Errors:",
+    "Does not validate",
+    "Problem with given",
+    "Parser key",
+)
+
+
+def innermost_reason(message: str) -> str:
+    """The most specific line of a nested jsonargparse error (the others repeat the types it tried)."""
+    best, best_depth = message.strip().splitlines()[0] if message.strip() else message, -1
+    for line in message.splitlines():
+        text = line.strip().lstrip("- ").strip()
+        if not text or text.startswith(_CONTEXT_LINES):
+            continue
+        depth = len(line) - len(line.lstrip())
+        if depth > best_depth:
+            best, best_depth = text, depth
+    return best
+
+
+def _why_not_a_strategy(path: str) -> str:
+    """Why jsonargparse could not read ``path`` as a strategy (it then falls back to taking it as a name)."""
+    parser = ArgumentParser(exit_on_error=False)
+    parser.add_argument("--strategy", type=Strategy)
+    try:
+        parser.parse_object({"strategy": yaml.safe_load(Path(path).read_text())})
+    except (ArgumentError, yaml.YAMLError) as error:
+        return innermost_reason(str(error))
+    return "not a strategy name, nor a class_path + init_args file."
+
+
+def _config_error_in_chain(error: BaseException) -> ZeroConfigError | None:
+    seen: set[int] = set()
+    current: BaseException | None = error
+    while current is not None and id(current) not in seen:
+        if isinstance(current, ZeroConfigError):
+            return current
+        seen.add(id(current))
+        current = current.__cause__ or current.__context__
+    match = next((line for line in str(error).splitlines() if _is_config_error_line(line)), None)
+    return ZeroConfigError(match.strip().lstrip("- ")) if match else None
+
+
+def _is_config_error_line(line: str) -> bool:
+    return line.strip().startswith("- ") and ": " in line and not line.strip().startswith("- Expected a")
 
 
 def run_cli(args: Sequence[str] | None = None) -> ZeroCLI:

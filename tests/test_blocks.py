@@ -7,7 +7,11 @@ from torch import nn
 from transformers import GPT2LMHeadModel
 from transformers.models.gpt2.modeling_gpt2 import GPT2Block
 
-from lightning_zero.strategies.blocks import enable_activation_checkpointing, transformer_block_classes, transformer_blocks
+from lightning_zero.strategies.blocks import (
+    enable_activation_checkpointing,
+    transformer_block_classes,
+    transformer_blocks,
+)
 from tests.helpers.tiny import SEQ, VOCAB, tiny_gpt2_config
 
 

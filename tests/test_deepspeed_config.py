@@ -21,7 +21,9 @@ from lightning_zero.strategies.presets import PRESETS
 VALUES = TrainerValues(micro_batch_size=8, accumulate_grad_batches=2, gradient_clip_val=None, precision="32-true")
 
 
-@pytest.mark.parametrize("preset", [p for p in PRESETS if p.backend == "deepspeed" and "nvme" not in p.name], ids=lambda p: p.name)
+@pytest.mark.parametrize(
+    "preset", [p for p in PRESETS if p.backend == "deepspeed" and "nvme" not in p.name], ids=lambda p: p.name
+)
 def test_presets_translate_to_their_stage_and_offload(preset):
     config = resolve_auto(to_deepspeed_config(DeepSpeedZeroConfig(**preset.fields)), VALUES)
     zero = config["zero_optimization"]
@@ -40,7 +42,9 @@ def test_no_clipping_asked_means_none_happens():
 
 
 def test_trainer_values_fill_auto():
-    values = TrainerValues(micro_batch_size=16, accumulate_grad_batches=4, gradient_clip_val=0.5, precision="bf16-mixed")
+    values = TrainerValues(
+        micro_batch_size=16, accumulate_grad_batches=4, gradient_clip_val=0.5, precision="bf16-mixed"
+    )
     config = resolve_auto(to_deepspeed_config(DeepSpeedZeroConfig()), values)
     assert config["train_micro_batch_size_per_gpu"] == 16
     assert config["gradient_accumulation_steps"] == 4
@@ -77,7 +81,7 @@ def test_explicit_value_conflicting_with_trainer_is_one_line_error(key, value, t
 def test_explicit_clipping_conflict_only_when_trainer_clips():
     assert resolve_auto({"gradient_clipping": 1.0}, VALUES)["gradient_clipping"] == 1.0
     clipping = TrainerValues(micro_batch_size=8, accumulate_grad_batches=2, gradient_clip_val=0.5)
-    with pytest.raises(ZeroConfigError, match="gradient_clip_val=0.5"):
+    with pytest.raises(ZeroConfigError, match=r"gradient_clip_val=0\.5"):
         resolve_auto({"gradient_clipping": 1.0}, clipping)
 
 

@@ -7,6 +7,7 @@ CPU test can run the same code path on a twin a thousand times smaller.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 from transformers import BlenderbotConfig, DebertaV2Config, GPT2Config, PretrainedConfig, T5Config
 
@@ -17,7 +18,7 @@ SHAPE_PREFIX = "shape:"
 
 def _deberta_v2(hidden: int, layers: int, heads: int, ffn: int) -> DebertaV2Config:
     # microsoft/deberta-v2-xlarge's config.json, with the sizes as arguments.
-    return DebertaV2Config(
+    fields: dict[str, Any] = dict(
         vocab_size=128100,
         hidden_size=hidden,
         num_hidden_layers=layers,
@@ -36,6 +37,7 @@ def _deberta_v2(hidden: int, layers: int, heads: int, ffn: int) -> DebertaV2Conf
         conv_kernel_size=3,
         conv_act="gelu",
     )
+    return DebertaV2Config(**fields)
 
 
 def _blenderbot(d_model: int, encoder_layers: int, decoder_layers: int, heads: int, ffn: int) -> BlenderbotConfig:
@@ -64,9 +66,7 @@ def _gpt2(embd: int, layers: int, heads: int) -> GPT2Config:
 
 
 def _t5(d_model: int, d_ff: int, layers: int, heads: int, d_kv: int) -> T5Config:
-    return T5Config(
-        vocab_size=32128, d_model=d_model, d_ff=d_ff, num_layers=layers, num_heads=heads, d_kv=d_kv
-    )
+    return T5Config(vocab_size=32128, d_model=d_model, d_ff=d_ff, num_layers=layers, num_heads=heads, d_kv=d_kv)
 
 
 SHAPES: dict[str, Callable[[], PretrainedConfig]] = {

@@ -7,6 +7,8 @@ model's blocks are taken to be the modules held in an ``nn.ModuleList`` that rep
 
 from __future__ import annotations
 
+from typing import Any
+
 from torch import nn
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
     CheckpointImpl,
@@ -62,10 +64,11 @@ def enable_activation_checkpointing(model: nn.Module) -> int:
     Hugging Face models use their own ``gradient_checkpointing_enable`` (state-dict keys unchanged); other
     models get torch's non-reentrant checkpoint wrapper around each block.
     """
-    hugging_face = [
+    hugging_face: list[Any] = [
         module
         for module in model.modules()
-        if getattr(module, "supports_gradient_checkpointing", False) and hasattr(module, "gradient_checkpointing_enable")
+        if getattr(module, "supports_gradient_checkpointing", False)
+        and hasattr(module, "gradient_checkpointing_enable")
     ]
     if hugging_face:
         for module in hugging_face[:1]:

@@ -63,9 +63,7 @@ class ZeroConfig:
         valid = [f.name for f in dataclasses.fields(cls)]
         unknown = sorted(set(values) - set(valid))
         if unknown:
-            raise ZeroConfigError(
-                f"Unknown {cls.__name__} key(s) {unknown}: valid keys are {valid}."
-            )
+            raise ZeroConfigError(f"Unknown {cls.__name__} key(s) {unknown}: valid keys are {valid}.")
         return cls(**values)
 
     @classmethod
@@ -99,7 +97,8 @@ def reject_unsupported(config: ZeroConfig, backend: str, **unsupported: object) 
         value = getattr(config, name)
         if value != supported_value:
             raise ZeroConfigError(
-                f"{backend} does not support `{name}: {value}`: set it to {supported_value!r} or use a DeepSpeed preset."
+                f"{backend} does not support `{name}: {value}`:"
+                f" set it to {supported_value!r} or use a DeepSpeed preset."
             )
 
 

@@ -15,7 +15,15 @@ from lightning.pytorch.utilities import rank_zero_info
 from torch.optim import Optimizer
 
 # torch-only switches that have no meaning for DeepSpeed's CPU Adam.
-_TORCH_ONLY_GROUP_KEYS = ("foreach", "maximize", "capturable", "differentiable", "fused", "amsgrad", "decoupled_weight_decay")
+_TORCH_ONLY_GROUP_KEYS = (
+    "foreach",
+    "maximize",
+    "capturable",
+    "differentiable",
+    "fused",
+    "amsgrad",
+    "decoupled_weight_decay",
+)
 
 
 def is_swappable(optimizer: Optimizer) -> bool:

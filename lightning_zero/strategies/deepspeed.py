@@ -44,7 +44,7 @@ if TYPE_CHECKING:
 
 
 class ZeroStrategy(DeepSpeedStrategy):
-    """ZeRO stages 0–3 with optional CPU/NVMe offload, through DeepSpeed.
+    """ZeRO stages 0-3 with optional CPU/NVMe offload, through DeepSpeed.
 
     Args:
         zero: The ZeRO settings (a :class:`DeepSpeedZeroConfig` or a mapping of its fields).
@@ -233,7 +233,9 @@ class ZeroStrategy(DeepSpeedStrategy):
 
     def _module_optimizer_hparams(self) -> dict[str, Any]:
         optimizer, _ = DeepSpeedStrategy._init_optimizers(self)
-        return {key: optimizer.defaults[key] for key in ("lr", "weight_decay", "betas", "eps") if key in optimizer.defaults}
+        return {
+            key: optimizer.defaults[key] for key in ("lr", "weight_decay", "betas", "eps") if key in optimizer.defaults
+        }
 
     def full_state_dict(self) -> dict[str, Any]:
         """The whole model's state dict on global rank 0 (gathered across ranks under ZeRO-3); collective."""

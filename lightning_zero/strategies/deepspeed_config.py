@@ -134,7 +134,9 @@ def load_deepspeed_config(source: str | Path | Mapping[str, Any]) -> dict[str, A
         return copy.deepcopy(dict(source))
     path = Path(source).expanduser()
     if not path.is_file():
-        raise ZeroConfigError(f"DeepSpeed config file {str(path)!r} does not exist: pass an existing JSON or YAML file.")
+        raise ZeroConfigError(
+            f"DeepSpeed config file {str(path)!r} does not exist: pass an existing JSON or YAML file."
+        )
     text = path.read_text()
     try:
         loaded = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)

@@ -6,6 +6,7 @@ on it would hang CI. Every multi-process test goes through :func:`run_script`.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -40,10 +41,8 @@ def run_script(script: Path | str, *args: str, timeout: float = 600, cwd: Path |
 
 
 def _kill_group(pid: int) -> None:
-    try:
+    with contextlib.suppress(ProcessLookupError):
         os.killpg(pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
 
 
 def _tail(output: str, lines: int = 60) -> str:

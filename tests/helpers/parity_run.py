@@ -11,20 +11,20 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import Any
 from dataclasses import astuple, dataclass
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-import lightning as L  # noqa: E402
-from lightning.pytorch.callbacks import ModelCheckpoint  # noqa: E402
-import torch  # noqa: E402
+import lightning as L
+import torch
+from lightning.pytorch.callbacks import ModelCheckpoint
 
-import lightning_zero  # noqa: E402, F401  (registers the presets)
-from lightning_zero.memory.footprint import rank_footprint  # noqa: E402
-from lightning_zero.strategies import ZeroStrategy  # noqa: E402
-from tests.helpers.tiny import TinyLM  # noqa: E402
+import lightning_zero  # noqa: F401  (registers the presets)
+from lightning_zero.memory.footprint import rank_footprint
+from lightning_zero.strategies import ZeroStrategy
+from tests.helpers.tiny import TinyLM
 
 
 @dataclass(frozen=True)
@@ -116,7 +116,9 @@ def main() -> None:
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     for spec in args.strategies:
-        train(spec, Length(args.steps, args.epochs), args.precision, args.out, args.resume_after_epoch, args.accelerator)
+        train(
+            spec, Length(args.steps, args.epochs), args.precision, args.out, args.resume_after_epoch, args.accelerator
+        )
 
 
 if __name__ == "__main__":

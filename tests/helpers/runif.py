@@ -8,7 +8,7 @@ import pytest
 import torch
 
 
-def RunIf(min_cuda_gpus: int = 0, fairscale: bool = False, datasets: bool = False) -> pytest.MarkDecorator:  # noqa: N802
+def RunIf(min_cuda_gpus: int = 0, fairscale: bool = False, datasets: bool = False) -> pytest.MarkDecorator:
     """Skip unless the machine has ``min_cuda_gpus`` CUDA GPUs and the named optional packages."""
     reasons = []
     if min_cuda_gpus and torch.cuda.device_count() < min_cuda_gpus:

@@ -1,0 +1,145 @@
+"""The command line: every config parses, short names need no import, bad input is one `error:` line."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from lightning_zero.cli import ZeroCLI, list_strategies, main
+from tests.helpers.launch import REPO, run_script
+
+CONFIGS = sorted((REPO / "configs").glob("*.yaml"))
+CPU_TWINS = [path for path in CONFIGS if path.stem.endswith("_cpu")]
+MAIN = REPO / "main.py"
+
+
+class ParseOnlyCLI(ZeroCLI):
+    """Parses and validates against the current signatures without building anything."""
+
+    def instantiate_classes(self) -> None:
+        pass
+
+
+def parse(*args: str) -> ParseOnlyCLI:
+    return ParseOnlyCLI(subclass_mode_model=True, subclass_mode_data=True, run=False, args=list(args))
+
+
+def test_there_are_configs():
+    names = {path.stem for path in CONFIGS}
+    assert {"quickstart", "deberta", "blenderbot", "gpt2xl_offload", "t5_large", "t5_3b"} <= names
+    assert {f"{name}_cpu" for name in ("deberta", "blenderbot", "gpt2xl", "t5_large", "t5_3b")} <= names
+
+
+@pytest.mark.parametrize("config", CONFIGS, ids=lambda path: path.stem)
+def test_every_config_parses_against_current_signatures(config):
+    cli = parse("--config", str(config))
+    assert cli.config.trainer.strategy is not None
+    assert cli.config.model.class_path.startswith("lightning_zero.")
+
+
+TINY = "tests/data/cli_tiny.yaml"
+
+
+def run_main(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, str(MAIN), *args], cwd=REPO, capture_output=True, text=True, timeout=120, check=False
+    )
+
+
+def last_line(result: subprocess.CompletedProcess) -> str:
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert "Traceback" not in result.stderr
+    return result.stderr.strip().splitlines()[-1]
+
+
+def test_tiny_job_runs_with_a_short_strategy_name_and_no_import():
+    output = run_script(MAIN, "fit", f"--config={TINY}", timeout=300)
+    assert "`Trainer.fit` stopped: `max_steps=2` reached." in output
+
+
+def test_unknown_strategy_is_one_error_line():
+    result = run_main("fit", "--config", TINY, "--trainer.strategy", "zreo2")
+    assert last_line(result).startswith("error: Unknown strategy 'zreo2': did you mean 'zero2'?")
+
+
+def strategy_config(tmp_path: Path, init_args: str) -> str:
+    path = tmp_path / "strategy.yaml"
+    path.write_text(f"class_path: lightning_zero.ZeroStrategy\ninit_args:\n{init_args}")
+    return f"--trainer.strategy={path}"
+
+
+def test_missing_deepspeed_config_file_is_one_error_line(tmp_path):
+    missing = tmp_path / "missing.json"
+    result = run_main("fit", "--config", TINY, strategy_config(tmp_path, f"  deepspeed_config: {missing}\n"))
+    assert "missing.json' does not exist" in last_line(result)
+
+
+def test_stage_4_is_one_error_line(tmp_path):
+    result = run_main("fit", "--config", TINY, strategy_config(tmp_path, "  zero: {stage: 4}\n"))
+    assert "ZeRO stage must be 0, 1, 2 or 3, got 4" in last_line(result)
+
+
+def test_unknown_zero_key_is_named(tmp_path):
+    result = run_main("fit", "--config", TINY, strategy_config(tmp_path, "  zero: {stagee: 3}\n"))
+    assert last_line(result).endswith("Option 'stagee' is not accepted")
+
+
+def test_unknown_model_key_is_one_error_line():
+    result = run_main("fit", "--config", TINY, "--model.init_args.bogus=1")
+    assert last_line(result) == "error: Option 'bogus' is not accepted"
+
+
+def test_strategies_lists_every_preset(capsys):
+    assert main(["strategies"]) == 0
+    listed = capsys.readouterr().out
+    assert listed == list_strategies() + "\n"
+    assert "zero3_offload" in listed and "deepspeed" in listed
+
+
+def test_quickstart_runs_a_few_steps(tmp_path):
+    output = run_script(
+        MAIN,
+        "fit",
+        "--config=configs/quickstart.yaml",
+        "--trainer.max_steps=3",
+        "--trainer.limit_val_batches=2",
+        "--trainer.val_check_interval=3",
+        f"--trainer.default_root_dir={tmp_path}",
+        "--trainer.logger=false",
+        "--trainer.callbacks=null",
+        "--trainer.enable_checkpointing=false",
+        "--data.init_args.limit_train=96",
+        timeout=600,
+    )
+    assert "val_acc" in output
+
+
+@pytest.mark.parametrize("config", CPU_TWINS, ids=lambda path: path.stem)
+def test_cpu_twin_runs_a_few_steps(config, tmp_path):
+    output = run_script(
+        MAIN,
+        "fit",
+        f"--config={config}",
+        "--trainer.max_steps=2",
+        "--trainer.limit_val_batches=1",
+        "--trainer.val_check_interval=2",
+        "--trainer.logger=false",
+        "--trainer.callbacks=null",
+        "--trainer.enable_checkpointing=false",
+        f"--trainer.default_root_dir={tmp_path}",
+        timeout=600,
+    )
+    assert "`Trainer.fit` stopped: `max_steps=2` reached." in output
+
+
+def test_example_runs(tmp_path):
+    output = run_script(REPO / "examples" / "zero3_offload_trainer.py", "--max-steps", "3", timeout=600, cwd=tmp_path)
+    assert "zero3_offload finished" in output
+
+
+def test_run_script_kills_a_hanging_process_group():
+    with pytest.raises(AssertionError, match="timed out"):
+        run_script(Path("-c"), "import time; time.sleep(60)", timeout=2)
