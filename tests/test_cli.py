@@ -55,8 +55,8 @@ def last_line(result: subprocess.CompletedProcess) -> str:
     return result.stderr.strip().splitlines()[-1]
 
 
-def test_tiny_job_runs_with_a_short_strategy_name_and_no_import():
-    output = run_script(MAIN, "fit", f"--config={TINY}", timeout=300)
+def test_tiny_job_runs_with_a_short_strategy_name_and_no_import(tmp_path):
+    output = run_script(MAIN, "fit", f"--config={TINY}", f"--trainer.default_root_dir={tmp_path}", timeout=300)
     assert "`Trainer.fit` stopped: `max_steps=2` reached." in output
 
 
