@@ -51,6 +51,23 @@ PRESETS: tuple[Preset, ...] = (
         "DeepSpeed ZeRO-3, parameters and optimizer on NVMe (needs nvme_path)",
         {"stage": 3, "offload_optimizer": _NVME, "offload_parameters": _NVME},
     ),
+    Preset("zero1_fairscale", "fairscale", "FairScale ZeRO-1: OSS sharded optimizer with DDP", {"stage": 1}),
+    Preset(
+        "zero2_fairscale",
+        "fairscale",
+        "FairScale ZeRO-2: OSS sharded optimizer with ShardedDataParallel (gradients sharded)",
+        {"stage": 2},
+    ),
+    Preset("zero2_fsdp", "fsdp2", "PyTorch FSDP2 ZeRO-2: parameters gathered from forward to backward", {"stage": 2}),
+    Preset(
+        "zero3_fsdp", "fsdp2", "PyTorch FSDP2 ZeRO-3: parameters, gradients and optimizer state sharded", {"stage": 3}
+    ),
+    Preset(
+        "zero3_offload_fsdp",
+        "fsdp2",
+        "PyTorch FSDP2 ZeRO-3, parameters, gradients and optimizer step on CPU",
+        {"stage": 3, "offload_optimizer": _CPU, "offload_parameters": _CPU},
+    ),
 )
 
 
@@ -60,6 +77,14 @@ def backend_class(backend: str) -> type:
         from lightning_zero.strategies.deepspeed import ZeroStrategy
 
         return ZeroStrategy
+    if backend == "fairscale":
+        from lightning_zero.strategies.fairscale import FairScaleStrategy
+
+        return FairScaleStrategy
+    if backend == "fsdp2":
+        from lightning_zero.strategies.fsdp2 import FSDP2Strategy
+
+        return FSDP2Strategy
     raise ZeroConfigError(f"Unknown backend {backend!r}: use one of {sorted({p.backend for p in PRESETS})}.")
 
 

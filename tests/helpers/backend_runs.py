@@ -6,7 +6,8 @@ A run is ``KIND:STRATEGY``. STRATEGY is a Lightning strategy name or a preset wi
 ``zero3_fsdp+checkpoint_format=full``. Kinds (rank 0 writes ``OUT_DIR/<run>.pt``, ``:`` and ``+`` turned to ``-``):
 
 * ``train``: the tiny GPT-2 for ``--steps`` steps: per-step losses (mean over ranks), the full final state dict and
-  each rank's footprint. ``train-bf16`` does the same in ``bf16-mixed``.
+  each rank's footprint. ``train-bf16`` / ``train-fp16`` do the same in ``bf16-mixed`` / ``16-mixed``, and
+  ``train-clip`` with gradient clipping by norm.
 * ``resume``: ``--stop`` steps, a checkpoint (``OUT_DIR/ckpt-<strategy>``), then a fresh Trainer and module resume
   from it to ``--steps``; the result holds the resumed run's losses and final weights.
 * ``load``: one process, the checkpoint ``ckpt-<strategy>`` written by an earlier 2-process ``resume`` run, resumed
@@ -27,21 +28,22 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-import lightning as L  # noqa: E402
-import torch  # noqa: E402
-import yaml  # noqa: E402
-from lightning.pytorch.callbacks import ModelCheckpoint  # noqa: E402
-from torch import nn  # noqa: E402
-from torch.nn import functional as F  # noqa: E402
-from torch.utils.data import DataLoader, TensorDataset  # noqa: E402
+import lightning as L
+import torch
+import yaml
+from lightning.pytorch.callbacks import ModelCheckpoint
+from torch import nn
+from torch.nn import functional as F
+from torch.utils.data import DataLoader, TensorDataset
 
-import lightning_zero  # noqa: E402, F401  (registers the presets)
-from lightning_zero.memory.footprint import rank_footprint  # noqa: E402
-from lightning_zero.strategies.presets import build_preset, preset_names  # noqa: E402
-from tests.helpers.tiny import TinyLM, token_data  # noqa: E402
+import lightning_zero  # noqa: F401  (registers the presets)
+from lightning_zero.memory.footprint import rank_footprint
+from lightning_zero.strategies.presets import build_preset, preset_names
+from tests.helpers.tiny import TinyLM, token_data
 
 REPO = Path(__file__).resolve().parents[2]
 SWITCH_CONFIG = REPO / "configs" / "backend_switch.yaml"
+CLIP = 0.5  # below the tiny GPT-2's gradient norm (about 1.2 at the start), so clipping acts
 SAMPLES = 48  # 6 steps an epoch at 2 x 4 (or 1 x 8) samples a step: a checkpoint at step 6 ends an epoch
 
 
@@ -49,7 +51,7 @@ class ShortEpochLM(TinyLM):
     """TinyLM with 48 samples, so that resuming from a checkpoint at an epoch boundary replays no data."""
 
     def train_dataloader(self) -> DataLoader:
-        return DataLoader(token_data(SAMPLES), batch_size=self.hparams.batch_size, shuffle=False)
+        return DataLoader(token_data(SAMPLES), batch_size=int(self.hparams["batch_size"]), shuffle=False)
 
 
 def result_name(run: str) -> str:
@@ -58,23 +60,32 @@ def result_name(run: str) -> str:
 
 
 def make_strategy(spec: str) -> Any:
-    """A strategy name Lightning knows, or a preset with ``+field=value`` overrides (values parsed as YAML)."""
+    """A strategy name Lightning knows, or a preset built with ``+field=value`` overrides (values parsed as YAML)."""
     name, *overrides = spec.split("+")
-    if name not in preset_names():
-        return spec
+    if name not in preset_names() or not overrides:
+        return spec  # resolved by Lightning's registry, where `import lightning_zero` put the presets
     fields = {key: yaml.safe_load(value) for key, value in (item.split("=", 1) for item in overrides)}
     return build_preset(name, **fields)
 
 
+ACCELERATOR = "cpu"
+
+
 def make_trainer(
-    strategy: Any, devices: int, steps: int, precision: str = "32-true", callbacks: list[Any] | None = None
+    strategy: Any,
+    devices: int,
+    steps: int,
+    precision: Any = "32-true",
+    callbacks: list[Any] | None = None,
+    clip: float | None = None,
 ) -> L.Trainer:
     return L.Trainer(
-        accelerator="cpu",
+        accelerator=ACCELERATOR,
         devices=devices,
         strategy=strategy,
         precision=precision,
         max_steps=steps,
+        gradient_clip_val=clip,
         logger=False,
         callbacks=callbacks,
         enable_checkpointing=bool(callbacks),
@@ -85,7 +96,7 @@ def make_trainer(
 
 def summarize(trainer: L.Trainer, module: L.LightningModule, losses: Any) -> dict[str, Any] | None:
     """Losses, full state dict and every rank's footprint; collective, returns a dict on rank 0 only."""
-    footprint = torch.tensor(astuple(rank_footprint(module, trainer.optimizers)))
+    footprint = torch.tensor(astuple(rank_footprint(module, trainer.optimizers)), device=trainer.strategy.root_device)
     footprints = trainer.strategy.all_gather(footprint).reshape(-1, 3).tolist()
     gather = getattr(trainer.strategy, "full_state_dict", None)
     state = gather() if gather is not None else module.state_dict()
@@ -98,10 +109,12 @@ def summarize(trainer: L.Trainer, module: L.LightningModule, losses: Any) -> dic
     }
 
 
-def train(spec: str, devices: int, steps: int, precision: str = "32-true") -> dict[str, Any] | None:
+def train(
+    spec: str, devices: int, steps: int, precision: Any = "32-true", clip: float | None = None
+) -> dict[str, Any] | None:
     L.seed_everything(7)
     module = ShortEpochLM()
-    trainer = make_trainer(make_strategy(spec), devices, steps, precision)
+    trainer = make_trainer(make_strategy(spec), devices, steps, precision, clip=clip)
     trainer.fit(module)
     return summarize(trainer, module, module.losses)
 
@@ -119,7 +132,11 @@ def resume(spec: str, devices: int, steps: int, stop: int, out: Path) -> dict[st
     module = ShortEpochLM()
     path = checkpoint_path(out, spec, stop)
     saver = ModelCheckpoint(
-        dirpath=path.parent, filename="at-step-{step}", every_n_train_steps=stop, save_top_k=-1, auto_insert_metric_name=False
+        dirpath=path.parent,
+        filename="at-step-{step}",
+        every_n_train_steps=stop,
+        save_top_k=-1,
+        auto_insert_metric_name=False,
     )
     trainer = make_trainer(make_strategy(spec), devices, steps, callbacks=[saver])
     trainer.fit(module)
@@ -168,9 +185,11 @@ class TinyGAN(L.LightningModule):
 
     def training_step(self, batch: Any, batch_idx: int) -> None:
         real, noise = batch
-        g_opt, d_opt = self.optimizers()
+        optimizers = self.optimizers()
+        assert isinstance(optimizers, list)
+        g_opt, d_opt = optimizers
         fake = self.generator(noise)
-        ones, zeros = torch.ones(len(real), 1), torch.zeros(len(real), 1)
+        ones, zeros = real.new_ones(len(real), 1), real.new_zeros(len(real), 1)
 
         def generator_loss() -> torch.Tensor:
             return F.binary_cross_entropy_with_logits(self.discriminator(fake), ones)
@@ -182,7 +201,9 @@ class TinyGAN(L.LightningModule):
         g_loss = self._step(g_opt, generator_loss)
         d_loss = self._step(d_opt, discriminator_loss)
         reduce = self.trainer.strategy.reduce
-        self.losses.append((float(reduce(g_loss.clone(), reduce_op="mean")), float(reduce(d_loss.clone(), reduce_op="mean"))))
+        self.losses.append(
+            (float(reduce(g_loss.clone(), reduce_op="mean")), float(reduce(d_loss.clone(), reduce_op="mean")))
+        )
 
     def configure_optimizers(self) -> Any:
         return (
@@ -222,6 +243,10 @@ def execute(run: str, args: argparse.Namespace) -> dict[str, Any] | None:
         return train(spec, args.devices, args.steps)
     if kind == "train-bf16":
         return train(spec, args.devices, args.steps, precision="bf16-mixed")
+    if kind == "train-fp16":
+        return train(spec, args.devices, args.steps, precision="16-mixed")
+    if kind == "train-clip":
+        return train(spec, args.devices, args.steps, clip=CLIP)
     if kind == "resume":
         return resume(spec, args.devices, args.steps, args.stop, args.out)
     if kind == "load":
@@ -240,7 +265,10 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=12)
     parser.add_argument("--stop", type=int, default=6, help="resume: step of the checkpoint")
     parser.add_argument("--runs", nargs="+", required=True)
+    parser.add_argument("--accelerator", default="cpu")
     args = parser.parse_args()
+    global ACCELERATOR
+    ACCELERATOR = args.accelerator
     args.out.mkdir(parents=True, exist_ok=True)
     for run in args.runs:
         result = execute(run, args)
