@@ -106,9 +106,7 @@ def register_presets(registry: Any = StrategyRegistry, backend: str | None = Non
     for preset in PRESETS:
         if backend is not None and preset.backend != backend:
             continue
-        registry.register(
-            preset.name, _PresetFactory(preset), description=preset.description, override=True
-        )
+        registry.register(preset.name, _PresetFactory(preset), description=preset.description, override=True)
 
 
 class _PresetFactory:
