@@ -9,12 +9,8 @@ batches carry only integer indices; ``*-true`` precision casts metric states wit
 
 from __future__ import annotations
 
-import contextlib
 import json
 import math
-import os
-import signal
-import subprocess
 import sys
 from pathlib import Path
 
@@ -241,25 +237,10 @@ def _parity_worker(out: str, runs: list[str]) -> None:
 
 
 def run_worker(args: list[str], timeout: float = WORKER_TIMEOUT_S) -> str:
-    """Run this file as a multi-process worker; kill its whole process group on time-out or exit."""
-    process = subprocess.Popen(
-        [sys.executable, __file__, *args],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,
-    )
-    try:
-        output, _ = process.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(process.pid, signal.SIGKILL)
-        output, _ = process.communicate()
-        pytest.fail(f"worker {args} timed out after {timeout} s:\n{output[-4000:]}")
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(process.pid, signal.SIGKILL)  # a rank left behind by a failed peer
-    assert process.returncode == 0, output[-4000:]
-    return output
+    """Run this file as a multi-process worker under a hard time-out that kills its whole process group."""
+    from tests.helpers.launch import run_script  # the pytest process only: workers run this file as a script
+
+    return run_script(Path(__file__), *args, timeout=timeout)
 
 
 def test_perplexity_and_bleu_identical_under_ddp_and_zero(tmp_path: Path) -> None:

@@ -5,11 +5,8 @@ The ZeRO-3 test runs this file as a 2-process worker (``python tests/test_seq2se
 
 from __future__ import annotations
 
-import contextlib
 import io
 import json
-import os
-import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -176,25 +173,10 @@ def _zero3_worker(out: str, cache_dir: str) -> None:
 
 
 def run_worker(args: list[str], timeout: float = WORKER_TIMEOUT_S) -> str:
-    """Run this file as a multi-process worker; kill its whole process group on time-out or exit."""
-    process = subprocess.Popen(
-        [sys.executable, __file__, *args],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,
-    )
-    try:
-        output, _ = process.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(process.pid, signal.SIGKILL)
-        output, _ = process.communicate()
-        pytest.fail(f"worker {args} timed out after {timeout} s:\n{output[-4000:]}")
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(process.pid, signal.SIGKILL)  # a rank left behind by a failed peer
-    assert process.returncode == 0, output[-4000:]
-    return output
+    """Run this file as a multi-process worker under a hard time-out that kills its whole process group."""
+    from tests.helpers.launch import run_script  # the pytest process only: workers run this file as a script
+
+    return run_script(Path(__file__), *args, timeout=timeout)
 
 
 def test_generation_under_zero3_in_two_processes(tmp_path: Path, cache_dir: str, monkeypatch, capsys) -> None:
