@@ -116,7 +116,31 @@ def total_training_steps(module: LightningModule) -> int:
     return int(steps) if math.isfinite(steps) else 1
 
 
-class CausalLMTask(LightningModule):
+def build_language_model(
+    auto_class: Any, source: str, tokenizer: PreTrainedTokenizerBase, **overrides: Any
+) -> nn.Module:
+    """Pretrained weights as they are, or a random shape sized to ``tokenizer`` with its special-token ids."""
+    if not is_shape(source):
+        return build_model(auto_class, source)
+    ids = special_ids(tokenizer)
+    ids_config = {"pad_token_id": ids.pad, "bos_token_id": ids.bos, "eos_token_id": ids.eos, **overrides}
+    return build_model(auto_class, source, vocab_size=len(tokenizer), **ids_config)
+
+
+class LanguageTask(LightningModule):
+    """What the language tasks share: the tokenizer named in their hyper-parameters, loaded on first use."""
+
+    _tokenizer: PreTrainedTokenizerBase | None = None
+
+    @property
+    def tokenizer(self) -> PreTrainedTokenizerBase:
+        """The tokenizer named in the init args, loaded on first use."""
+        if self._tokenizer is None:
+            self._tokenizer = get_tokenizer(self.hparams["tokenizer"], self.hparams["tokenizer_cache_dir"])
+        return self._tokenizer
+
+
+class CausalLMTask(LanguageTask):
     """Causal LM training with token-level loss and perplexity.
 
     Args:
@@ -142,26 +166,12 @@ class CausalLMTask(LightningModule):
         self.save_hyperparameters()
         self.model: nn.Module | None = None
         self.val_perplexity = TokenPerplexity()
-        self._tokenizer: PreTrainedTokenizerBase | None = None
-
-    @property
-    def tokenizer(self) -> PreTrainedTokenizerBase:
-        """The tokenizer named in the init args, loaded on first use."""
-        if self._tokenizer is None:
-            self._tokenizer = get_tokenizer(self.hparams["tokenizer"], self.hparams["tokenizer_cache_dir"])
-        return self._tokenizer
 
     def configure_model(self) -> None:
         """Build the network once; under ZeRO-3 this runs inside ``deepspeed.zero.Init``."""
         if self.model is not None:
             return
-        source = self.hparams["model"]
-        if is_shape(source):
-            ids = special_ids(self.tokenizer)
-            overrides = {"pad_token_id": ids.pad, "bos_token_id": ids.bos, "eos_token_id": ids.eos}
-            self.model = build_model(AutoModelForCausalLM, source, vocab_size=len(self.tokenizer), **overrides)
-        else:
-            self.model = build_model(AutoModelForCausalLM, source)
+        self.model = build_language_model(AutoModelForCausalLM, self.hparams["model"], self.tokenizer)
 
     def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None) -> Tensor:
         """Logits ``[batch, length, vocab]``."""

@@ -13,21 +13,22 @@ import importlib.util
 from typing import Any
 
 import torch
-from lightning.pytorch import LightningModule
 from lightning.pytorch.utilities import rank_zero_info
 from lightning.pytorch.utilities.types import OptimizerLRSchedulerConfig
 from torch import Tensor, nn
 from torchmetrics import Metric
 from torchmetrics.text import BLEUScore, SacreBLEUScore
-from transformers import AutoModelForSeq2SeqLM, PreTrainedTokenizerBase
+from transformers import AutoModelForSeq2SeqLM
 
-from lightning_zero.data.tokenizers import get_tokenizer, special_ids
+from lightning_zero.data.tokenizers import special_ids
 from lightning_zero.models.loading import build_model
 from lightning_zero.models.shapes import is_shape
 from lightning_zero.tasks.causal_lm import (
     IGNORE_INDEX,
+    LanguageTask,
     TokenPerplexity,
     adamw_with_warmup,
+    build_language_model,
     fresh_fp32_metrics,
     token_nll,
     total_training_steps,
@@ -62,7 +63,7 @@ def shift_right(labels: Tensor, start_id: int, pad_id: int) -> Tensor:
     return shifted
 
 
-class Seq2SeqTask(LightningModule):
+class Seq2SeqTask(LanguageTask):
     """Fine-tune or train an encoder-decoder chatbot; validation reports loss, perplexity and BLEU.
 
     Args:
@@ -99,14 +100,6 @@ class Seq2SeqTask(LightningModule):
         self.model: nn.Module | None = None
         self.val_perplexity = TokenPerplexity()
         self.val_bleu = bleu_metric()
-        self._tokenizer: PreTrainedTokenizerBase | None = None
-
-    @property
-    def tokenizer(self) -> PreTrainedTokenizerBase:
-        """The tokenizer named in the init args, loaded on first use."""
-        if self._tokenizer is None:
-            self._tokenizer = get_tokenizer(self.hparams["tokenizer"], self.hparams["tokenizer_cache_dir"])
-        return self._tokenizer
 
     def configure_model(self) -> None:
         """Build the network once; under ZeRO-3 this runs inside ``deepspeed.zero.Init``."""
@@ -116,12 +109,11 @@ class Seq2SeqTask(LightningModule):
         if not is_shape(source):
             self.model = build_model(AutoModelForSeq2SeqLM, source)
             return
-        ids = special_ids(self.tokenizer)
-        overrides = {"pad_token_id": ids.pad, "bos_token_id": ids.bos, "eos_token_id": ids.eos}
-        overrides["decoder_start_token_id"] = ids.bos
-        self.model = build_model(AutoModelForSeq2SeqLM, source, vocab_size=len(self.tokenizer), **overrides)
-        for key, value in overrides.items():  # generation reads these from the generation config
-            setattr(self.model.generation_config, key, value)
+        start = special_ids(self.tokenizer).bos
+        self.model = build_language_model(AutoModelForSeq2SeqLM, source, self.tokenizer, decoder_start_token_id=start)
+        config: Any = self.model.config
+        for key in ("pad_token_id", "bos_token_id", "eos_token_id", "decoder_start_token_id"):
+            setattr(self.model.generation_config, key, getattr(config, key))  # generation reads these here
 
     def forward(self, input_ids: Tensor, attention_mask: Tensor, labels: Tensor) -> Tensor:
         """Teacher-forced logits ``[batch, target length, vocab]`` (decoder inputs are the shifted labels)."""
