@@ -10,6 +10,7 @@ over steps (measured over 24 steps: loss 1e-6, weights 7e-5): 1e-5 on losses, 5e
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -108,3 +109,13 @@ def test_resumed_run_continues_exactly(resume_runs, name):
     assert resumed["batch_fingerprints"] == uninterrupted["batch_fingerprints"][steps_per_epoch:]
     assert resumed["losses"] == uninterrupted["losses"][steps_per_epoch:]
     assert max_weight_difference(resumed["state_dict"], uninterrupted["state_dict"]) == 0.0
+
+
+def test_zero3_builds_configure_model_partitioned_with_hugging_face_init(tmp_path):
+    # transformers must be told that ZeRO-3 is on, or its weight init runs on empty partitions and the
+    # model keeps torch's default init (std ~0.1 here instead of 0.02).
+    out = tmp_path / "zero3.json"
+    run_script(Path(__file__).parent / "helpers" / "sharded_init_run.py", str(out), "zero3", timeout=600)
+    result = json.loads(out.read_text())
+    assert result["partitioned"]
+    assert 0.015 < result["std"] < 0.03
