@@ -133,12 +133,13 @@ def list_strategies() -> str:
 
 
 def build_deepspeed_cpu_ops() -> None:
-    """Compile DeepSpeed's CPU ops now (shared-memory collectives, CPU Adam) instead of in the first run."""
+    """Compile DeepSpeed's CPU ops now (shared-memory collectives, CPU Adam, and NVMe async I/O where libaio is
+    installed) instead of in the first run."""
     from deepspeed.accelerator import get_accelerator
 
-    for builder in ("ShareMemCommBuilder", "CPUAdamBuilder"):
+    for builder in ("ShareMemCommBuilder", "CPUAdamBuilder", "AsyncIOBuilder"):
         op_builder = get_accelerator().create_op_builder(builder)
-        if op_builder is not None and op_builder.is_compatible():
+        if op_builder is not None and op_builder.is_compatible(verbose=False):
             op_builder.load()
             print(f"built {builder}")
 

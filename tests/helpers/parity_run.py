@@ -23,7 +23,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 
 import lightning_zero  # noqa: F401  (registers the presets)
 from lightning_zero.memory.footprint import rank_footprint
-from lightning_zero.strategies import ZeroStrategy
+from lightning_zero.strategies import ZeroStrategy, build_preset
 from tests.helpers.tiny import TinyLM
 
 
@@ -36,9 +36,12 @@ class Length:
 
 
 def make_strategy(spec: str) -> Any:
-    """A registered name, or ``config:PATH`` for a ZeroStrategy built from a DeepSpeed config file."""
+    """A registered name, ``config:PATH`` for a ZeroStrategy built from a DeepSpeed config file, or
+    ``nvme:DIR`` for the NVMe offload preset swapping into DIR."""
     if spec.startswith("config:"):
         return ZeroStrategy(deepspeed_config=spec.removeprefix("config:"))
+    if spec.startswith("nvme:"):
+        return build_preset("zero3_offload_nvme", nvme_path=spec.removeprefix("nvme:"))
     return spec
 
 
@@ -64,6 +67,8 @@ def make_trainer(
 
 
 def result_name(spec: str) -> str:
+    if spec.startswith("nvme:"):
+        return "zero3_offload_nvme"
     return Path(spec.removeprefix("config:")).stem if spec.startswith("config:") else spec
 
 
