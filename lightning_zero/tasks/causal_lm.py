@@ -128,8 +128,10 @@ def build_language_model(
 
 
 class LanguageTask(LightningModule):
-    """What the language tasks share: the tokenizer named in their hyper-parameters, loaded on first use."""
+    """What the language tasks share: the tokenizer named in their hyper-parameters (loaded on first use), a
+    token-mean training loss from ``_nll``, fp32 validation metrics and AdamW with linear warm-up."""
 
+    model: nn.Module | None
     _tokenizer: PreTrainedTokenizerBase | None = None
 
     @property
@@ -138,6 +140,26 @@ class LanguageTask(LightningModule):
         if self._tokenizer is None:
             self._tokenizer = get_tokenizer(self.hparams["tokenizer"], self.hparams["tokenizer_cache_dir"])
         return self._tokenizer
+
+    def _nll(self, batch: dict[str, Any]) -> tuple[Tensor, Tensor]:
+        """Summed negative log-likelihood of a batch's target tokens, and how many there are."""
+        raise NotImplementedError
+
+    def training_step(self, batch: dict[str, Any], batch_idx: int) -> Tensor:
+        nll, tokens = self._nll(batch)
+        loss = nll / tokens.clamp(min=1)
+        self.log("train_loss", loss, prog_bar=True, batch_size=batch["input_ids"].size(0))
+        return loss
+
+    def on_validation_epoch_start(self) -> None:
+        fresh_fp32_metrics(self)
+
+    def configure_optimizers(self) -> OptimizerLRSchedulerConfig:
+        assert self.model is not None, "configure_model() has not run"
+        hp = self.hparams
+        return adamw_with_warmup(
+            self.model, hp["learning_rate"], hp["weight_decay"], hp["warmup_ratio"], total_training_steps(self)
+        )
 
 
 class CausalLMTask(LanguageTask):
@@ -178,18 +200,9 @@ class CausalLMTask(LanguageTask):
         assert self.model is not None, "configure_model() has not run"
         return self.model(input_ids=input_ids, attention_mask=attention_mask).logits
 
-    def _nll(self, batch: dict[str, Tensor]) -> tuple[Tensor, Tensor]:
+    def _nll(self, batch: dict[str, Any]) -> tuple[Tensor, Tensor]:
         logits = self(batch["input_ids"], batch.get("attention_mask"))
         return token_nll(logits, batch["labels"], shift=True)
-
-    def training_step(self, batch: dict[str, Tensor], batch_idx: int) -> Tensor:
-        nll, tokens = self._nll(batch)
-        loss = nll / tokens.clamp(min=1)
-        self.log("train_loss", loss, prog_bar=True, batch_size=batch["input_ids"].size(0))
-        return loss
-
-    def on_validation_epoch_start(self) -> None:
-        fresh_fp32_metrics(self)
 
     def validation_step(self, batch: dict[str, Tensor], batch_idx: int) -> None:
         self.update_perplexity(*self._nll(batch))
@@ -204,10 +217,3 @@ class CausalLMTask(LanguageTask):
         self.log("val_loss", values["loss"].float(), prog_bar=True, sync_dist=True)
         self.log("val_ppl", values["perplexity"].float(), sync_dist=True)
         self.val_perplexity.reset()
-
-    def configure_optimizers(self) -> OptimizerLRSchedulerConfig:
-        assert self.model is not None, "configure_model() has not run"
-        hp = self.hparams
-        return adamw_with_warmup(
-            self.model, hp["learning_rate"], hp["weight_decay"], hp["warmup_ratio"], total_training_steps(self)
-        )

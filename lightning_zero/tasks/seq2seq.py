@@ -14,7 +14,6 @@ from typing import Any
 
 import torch
 from lightning.pytorch.utilities import rank_zero_info
-from lightning.pytorch.utilities.types import OptimizerLRSchedulerConfig
 from torch import Tensor, nn
 from torchmetrics import Metric
 from torchmetrics.text import BLEUScore, SacreBLEUScore
@@ -27,11 +26,8 @@ from lightning_zero.tasks.causal_lm import (
     IGNORE_INDEX,
     LanguageTask,
     TokenPerplexity,
-    adamw_with_warmup,
     build_language_model,
-    fresh_fp32_metrics,
     token_nll,
-    total_training_steps,
 )
 
 
@@ -128,15 +124,6 @@ class Seq2SeqTask(LanguageTask):
         logits = self(batch["input_ids"], batch["attention_mask"], batch["labels"])
         return token_nll(logits, batch["labels"], shift=False)
 
-    def training_step(self, batch: dict[str, Any], batch_idx: int) -> Tensor:
-        nll, tokens = self._nll(batch)
-        loss = nll / tokens.clamp(min=1)
-        self.log("train_loss", loss, prog_bar=True, batch_size=batch["input_ids"].size(0))
-        return loss
-
-    def on_validation_epoch_start(self) -> None:
-        fresh_fp32_metrics(self)
-
     def validation_step(self, batch: dict[str, Any], batch_idx: int) -> None:
         self.val_perplexity.update(*self._nll(batch))
         if not self.hparams["generate_on_validation"]:
@@ -191,10 +178,3 @@ class Seq2SeqTask(LanguageTask):
         add_text = getattr(getattr(self.logger, "experiment", None), "add_text", None)
         if callable(add_text):  # TensorBoard
             add_text("val_samples", text.replace("\n", "  \n"), self.global_step)
-
-    def configure_optimizers(self) -> OptimizerLRSchedulerConfig:
-        assert self.model is not None, "configure_model() has not run"
-        hp = self.hparams
-        return adamw_with_warmup(
-            self.model, hp["learning_rate"], hp["weight_decay"], hp["warmup_ratio"], total_training_steps(self)
-        )
