@@ -1,6 +1,24 @@
 import sys
 from pathlib import Path
 
+import pytest
+import torch
+
 import lightning_zero  # noqa: F401  (registers the presets for every test)
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    """One intra-op thread: on a shared 2-core machine, two OpenMP threads per process run ~10x slower."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(previous)
+
+
+@pytest.fixture(scope="module")
+def cache_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """A tokenizer cache shared by one module's tests (a trained BPE is reused, not retrained)."""
+    return str(tmp_path_factory.mktemp("tokenizers"))

@@ -30,18 +30,7 @@ TOKENIZER = "bpe:chitchat:1024"
 WORKER_TIMEOUT_S = 240
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """One intra-op thread: on a shared 2-core machine, two OpenMP threads per process run ~10x slower."""
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
-
-
-@pytest.fixture(scope="module")
-def cache_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
-    return str(tmp_path_factory.mktemp("tokenizers"))
+pytestmark = pytest.mark.usefixtures("one_thread")  # cache_dir and one_thread: tests/conftest.py
 
 
 # --- packing and text ----------------------------------------------------------------------------------------

@@ -38,18 +38,7 @@ def _trainer(**kwargs: Any):
     return L.Trainer(**{**defaults, **kwargs})
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """One intra-op thread: on a shared 2-core machine, two OpenMP threads per process run ~10x slower."""
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
-
-
-@pytest.fixture(scope="module")
-def cache_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
-    return str(tmp_path_factory.mktemp("tokenizers"))
+pytestmark = pytest.mark.usefixtures("one_thread")  # cache_dir and one_thread: tests/conftest.py
 
 
 @pytest.fixture(scope="module")
