@@ -12,6 +12,7 @@ Bad configuration ends with one ``error:`` line that names the fix, not a traceb
 
 from __future__ import annotations
 
+import importlib
 import sys
 from argparse import ArgumentError
 from collections.abc import Sequence
@@ -144,20 +145,39 @@ def build_deepspeed_cpu_ops() -> None:
             print(f"built {builder}")
 
 
+#: Subcommands that are not LightningCLI's: name -> ``module:function`` taking the remaining arguments and
+#: returning an exit status. Imported only when used.
+SUBCOMMANDS = {
+    "strategies": "lightning_zero.cli:strategies_command",
+    "build-ops": "lightning_zero.cli:build_ops_command",
+    "chat": "lightning_zero.chat:main",
+}
+
+
+def strategies_command(argv: Sequence[str]) -> int:
+    """``lightning-zero strategies``: print the preset table."""
+    print(list_strategies())
+    return 0
+
+
+def build_ops_command(argv: Sequence[str]) -> int:
+    """``lightning-zero build-ops``: compile DeepSpeed's CPU ops now."""
+    build_deepspeed_cpu_ops()
+    return 0
+
+
+def _subcommand(name: str) -> Any:
+    module_name, function = SUBCOMMANDS[name].split(":")
+    return getattr(importlib.import_module(module_name), function)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``lightning-zero`` and ``main.py``; returns the exit status."""
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
-        if argv[:1] == ["strategies"]:
-            print(list_strategies())
-            return 0
-        if argv[:1] == ["build-ops"]:
-            build_deepspeed_cpu_ops()
-            return 0
-        if argv[:1] == ["chat"]:
-            from lightning_zero.chat import main as chat_main
-
-            return chat_main(argv[1:])
+        if argv[:1] and argv[0] in SUBCOMMANDS:
+            status: int = _subcommand(argv[0])(argv[1:])
+            return status
         run_cli(argv)
     except ZeroConfigError as error:
         print(f"error: {error}", file=sys.stderr)
