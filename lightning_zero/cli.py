@@ -151,6 +151,7 @@ SUBCOMMANDS = {
     "strategies": "lightning_zero.cli:strategies_command",
     "build-ops": "lightning_zero.cli:build_ops_command",
     "chat": "lightning_zero.chat:main",
+    "plan": "lightning_zero.memory.plan:main",
 }
 
 

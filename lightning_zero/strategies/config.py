@@ -32,12 +32,16 @@ class ZeroConfig:
         offload_parameters: Where parameters live between uses (stage 3 only).
         activation_checkpointing: Recompute each transformer block's activations in the backward pass
             instead of storing them. Applied to the model's blocks without model code changes.
+        memory_budget_gib: Memory each process may use on its accelerator, in GiB (``None``: all of it). On CUDA
+            the process is capped to it; the model states must fit in it (the error names a layout that does),
+            and offloaded states must fit in the host's free RAM.
     """
 
     stage: int = 2
     offload_optimizer: OffloadDevice = "none"
     offload_parameters: OffloadDevice = "none"
     activation_checkpointing: bool = False
+    memory_budget_gib: float | None = None
 
     def __post_init__(self) -> None:
         if self.stage not in (0, 1, 2, 3):
@@ -50,6 +54,11 @@ class ZeroConfig:
             raise ZeroConfigError(
                 f"Parameter offload needs ZeRO stage 3, got stage {self.stage}: set `stage: 3` or"
                 " `offload_parameters: none`."
+            )
+        budget = self.memory_budget_gib
+        if budget is not None and (isinstance(budget, bool) or not isinstance(budget, (int, float)) or budget <= 0):
+            raise ZeroConfigError(
+                f"`memory_budget_gib` must be a positive number of GiB, got {budget!r}: e.g. `memory_budget_gib: 24`."
             )
 
     @property

@@ -26,6 +26,7 @@ from torch.nn import Module
 from torch.optim import Optimizer
 
 from lightning_zero.errors import ZeroConfigError
+from lightning_zero.memory.budget import apply_memory_budget
 from lightning_zero.strategies import cpu_adam
 from lightning_zero.strategies.blocks import enable_activation_checkpointing
 from lightning_zero.strategies.deepspeed_config import (
@@ -121,6 +122,7 @@ class ZeroStrategy(DeepSpeedStrategy):
         self._init_deepspeed_distributed()
 
     def setup(self, trainer: Any) -> None:
+        apply_memory_budget(self, "deepspeed")
         if self.zero.activation_checkpointing:
             assert self.model is not None
             count = enable_activation_checkpointing(self.model)

@@ -32,6 +32,7 @@ from torch import Tensor
 from torch.optim import Optimizer
 
 from lightning_zero.errors import ZeroConfigError
+from lightning_zero.memory.budget import apply_memory_budget
 from lightning_zero.strategies.blocks import enable_activation_checkpointing
 from lightning_zero.strategies.cpu_adam import rebind_scheduler
 from lightning_zero.strategies.fairscale_config import (
@@ -104,6 +105,7 @@ class FairScaleStrategy(DDPStrategy):
     def setup(self, trainer: pl.Trainer) -> None:
         """DDPStrategy's set-up, but the optimizers are sharded before the model is wrapped (SDP needs them)."""
         assert self.accelerator is not None and self.model is not None
+        apply_memory_budget(self, "fairscale")
         self.accelerator.setup(trainer)
         fitting = trainer.state.fn == TrainerFn.FITTING
         if fitting and self._layer_sync:

@@ -28,6 +28,7 @@ from lightning.pytorch.utilities import rank_zero_info
 from torch import nn
 
 from lightning_zero.errors import ZeroConfigError
+from lightning_zero.memory.budget import apply_memory_budget
 from lightning_zero.strategies.blocks import enable_activation_checkpointing, transformer_blocks
 from lightning_zero.strategies.fsdp2_config import FSDP2ZeroConfig, fully_shard_options
 
@@ -92,6 +93,7 @@ class FSDP2Strategy(ModelParallelStrategy):
     def setup(self, trainer: pl.Trainer) -> None:
         """ModelParallelStrategy's set-up, with the sharding that it expects from ``configure_model`` done here."""
         assert self.accelerator is not None and self.model is not None
+        apply_memory_budget(self, "fsdp2")
         self.accelerator.setup(trainer)
         self.model = self.precision_plugin.convert_module(self.model)
         if not _is_sharded(self.model):

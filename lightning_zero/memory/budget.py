@@ -1,0 +1,124 @@
+"""A per-process memory budget: cap the accelerator, check host RAM for offload, refuse layouts that cannot fit.
+
+Each strategy calls :func:`apply_memory_budget` at the start of its ``setup``, once the model exists. On CUDA
+the budget caps what the process may allocate (``torch.cuda.set_per_process_memory_fraction``), so a large
+card behaves like a smaller one. When the model states alone exceed the budget, the error names the first
+layout of the same backend (least sharding and offload first) whose model states do fit.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import psutil
+import torch
+from torch import nn
+
+from lightning_zero.errors import ZeroConfigError
+from lightning_zero.memory.states import Layout, ModelStates, ParameterShapes, model_states
+
+GIB = 2**30
+
+#: Layouts a backend can switch to, least sharding and offload first, with the preset that names each.
+ESCALATION: dict[str, tuple[tuple[str, Layout], ...]] = {
+    "deepspeed": (
+        ("zero1", Layout("deepspeed", 1)),
+        ("zero2", Layout("deepspeed", 2)),
+        ("zero3", Layout("deepspeed", 3)),
+        ("zero2_offload", Layout("deepspeed", 2, offload_optimizer=True)),
+        ("zero3_offload", Layout("deepspeed", 3, offload_optimizer=True, offload_parameters=True)),
+    ),
+    "fairscale": (
+        ("zero1_fairscale", Layout("fairscale", 1)),
+        ("zero2_fairscale", Layout("fairscale", 2)),
+        ("zero3_offload", Layout("deepspeed", 3, offload_optimizer=True, offload_parameters=True)),
+    ),
+    "fsdp2": (
+        ("zero2_fsdp", Layout("fsdp2", 2)),
+        ("zero3_fsdp", Layout("fsdp2", 3)),
+        ("zero3_offload_fsdp", Layout("fsdp2", 3, offload_optimizer=True, offload_parameters=True)),
+    ),
+}
+
+
+def layout_of(backend: str, zero: Any) -> Layout:
+    """The :class:`Layout` a backend's ZeRO config asks for."""
+    return Layout(
+        backend=backend,
+        stage=zero.stage,
+        offload_optimizer=zero.offload_optimizer != "none",
+        offload_parameters=zero.offload_parameters != "none",
+        activation_checkpointing=zero.activation_checkpointing,
+    )
+
+
+def cap_device_memory(device: torch.device, budget_gib: float) -> None:
+    """Let this process allocate at most ``budget_gib`` on a CUDA ``device`` (no effect elsewhere)."""
+    if device.type != "cuda":
+        return
+    total = torch.cuda.get_device_properties(device).total_memory
+    torch.cuda.set_per_process_memory_fraction(min(1.0, budget_gib * GIB / total), device)
+
+
+def check_host_memory(needed_bytes: int, what: str, available_bytes: int | None = None) -> None:
+    """Raise when the host has less free RAM than ``needed_bytes`` for ``what``."""
+    available = psutil.virtual_memory().available if available_bytes is None else available_bytes
+    if needed_bytes > available:
+        raise ZeroConfigError(
+            f"{what} needs {needed_bytes / GIB:.2f} GiB of host RAM but {available / GIB:.2f} GiB is free:"
+            " free host memory, use more hosts, or offload to NVMe."
+        )
+
+
+def smallest_fitting(
+    shapes: ParameterShapes, backend: str, budget_bytes: int, devices: int, nodes: int, precision: str
+) -> tuple[str, ModelStates] | None:
+    """The first preset of ``backend``'s escalation whose model states fit ``budget_bytes`` per device."""
+    for name, layout in ESCALATION.get(backend, ()):
+        states = model_states(shapes, layout, devices, nodes, precision)
+        if states.device_bytes <= budget_bytes:
+            return name, states
+    return None
+
+
+def check_model_states_fit(
+    shapes: ParameterShapes, layout: Layout, budget_gib: float, devices: int, nodes: int, precision: str
+) -> ModelStates:
+    """The model states of ``layout``; raise naming the smallest layout that fits when they exceed the budget."""
+    budget = int(budget_gib * GIB)
+    states = model_states(shapes, layout, devices, nodes, precision)
+    if states.device_bytes <= budget:
+        return states
+    need = f"{layout.name} needs {states.device_bytes / GIB:.2f} GiB per device for the model states alone"
+    found = smallest_fitting(shapes, layout.backend, budget, devices, nodes, precision)
+    if found is None:
+        raise ZeroConfigError(
+            f"{need}, over `memory_budget_gib: {budget_gib:g}`, and no layout fits on {devices * nodes} device(s):"
+            " raise the budget or add devices."
+        )
+    name, fitting = found
+    raise ZeroConfigError(
+        f"{need}, over `memory_budget_gib: {budget_gib:g}`: use strategy `{name}`"
+        f" ({fitting.device_bytes / GIB:.2f} GiB) or raise the budget."
+    )
+
+
+def apply_memory_budget(strategy: Any, backend: str, model: nn.Module | None = None) -> None:
+    """Apply ``strategy.zero.memory_budget_gib`` (when set) for the model being set up; called from ``setup``."""
+    budget_gib = strategy.zero.memory_budget_gib
+    if budget_gib is None:
+        return
+    module = model if model is not None else strategy.model
+    devices = strategy.num_processes
+    nodes = strategy.num_nodes
+    states = check_model_states_fit(
+        ParameterShapes.of(module),
+        layout_of(backend, strategy.zero),
+        budget_gib,
+        devices,
+        nodes,
+        str(strategy.precision_plugin.precision),
+    )
+    if strategy.zero.offloads:
+        check_host_memory(states.host_bytes, "Offloaded model states")
+    cap_device_memory(strategy.root_device, budget_gib)

@@ -1,0 +1,165 @@
+"""Activation memory per sample, from a short real forward and backward of the actual model and batch.
+
+On CPU, where there is no allocator to ask, the probe counts the bytes autograd keeps for backward
+(saved-tensor hooks, each storage once, parameters excluded) and attributes them to the transformer block
+running at the time. Without activation checkpointing that is what is alive when backward starts; with it,
+what stays alive is everything saved outside the blocks, each block's input, and one block's saved tensors
+while that block is recomputed. On CUDA the peak allocation above the model states is measured directly
+(``torch.cuda.max_memory_allocated``), once without and once with checkpointing.
+
+Two batch sizes (1 and 2 samples) give the per-sample slope and the fixed part.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from lightning_zero.strategies.blocks import enable_activation_checkpointing, transformer_blocks
+
+LossFn = Callable[[Any], torch.Tensor]
+
+
+@dataclass(frozen=True)
+class ActivationProbe:
+    """Activation bytes of one micro-batch: ``fixed + per_sample * batch``, without and with checkpointing."""
+
+    per_sample: int
+    fixed: int
+    per_sample_checkpointed: int
+    fixed_checkpointed: int
+    method: str
+
+    def bytes_for(self, batch: int, checkpointed: bool) -> int:
+        """Activation bytes of a micro-batch of ``batch`` samples."""
+        if checkpointed:
+            return self.fixed_checkpointed + self.per_sample_checkpointed * batch
+        return self.fixed + self.per_sample * batch
+
+
+def take_samples(batch: Any, count: int) -> Any:
+    """The first ``count`` samples of a batch (tensors, or dicts/lists/tuples of them), repeated if it is shorter."""
+    if isinstance(batch, torch.Tensor):
+        repeats = -(-count // batch.shape[0])
+        return batch.repeat(repeats, *([1] * (batch.dim() - 1)))[:count].clone() if batch.dim() else batch
+    if isinstance(batch, dict):
+        return {key: take_samples(value, count) for key, value in batch.items()}
+    if isinstance(batch, (list, tuple)):
+        return type(batch)(take_samples(value, count) for value in batch)
+    return batch
+
+
+@dataclass
+class _SavedBytes:
+    """Bytes saved for backward, split by the block that saved them."""
+
+    parameter_storages: set[int]
+    blocks: list[nn.Module]
+    outside: int = 0
+    per_block: list[int] = field(default_factory=list)
+    block_inputs: int = 0
+    seen: set[int] = field(default_factory=set)
+    current: int | None = None
+
+    def pack(self, tensor: torch.Tensor) -> torch.Tensor:
+        storage = tensor.untyped_storage()
+        key = storage.data_ptr()
+        if key not in self.seen and key not in self.parameter_storages and storage.nbytes():
+            self.seen.add(key)
+            if self.current is None:
+                self.outside += storage.nbytes()
+            else:
+                self.per_block[self.current] += storage.nbytes()
+        return tensor
+
+    @contextlib.contextmanager
+    def recording(self) -> Iterator[None]:
+        self.per_block = [0] * len(self.blocks)
+        handles = []
+        for index, block in enumerate(self.blocks):
+            handles.append(block.register_forward_pre_hook(self._enter(index)))
+            handles.append(block.register_forward_hook(self._leave))
+        try:
+            with torch.autograd.graph.saved_tensors_hooks(self.pack, lambda tensor: tensor):
+                yield
+        finally:
+            for handle in handles:
+                handle.remove()
+
+    def _enter(self, index: int) -> Callable[..., None]:
+        def hook(module: nn.Module, args: Any) -> None:
+            self.current = index
+            self.block_inputs += sum(a.untyped_storage().nbytes() for a in args if isinstance(a, torch.Tensor))
+
+        return hook
+
+    def _leave(self, module: nn.Module, args: Any, output: Any) -> None:
+        self.current = None
+
+    def totals(self) -> tuple[int, int]:
+        """``(without checkpointing, with checkpointing)`` bytes alive at the start of backward / at peak."""
+        blocks = sum(self.per_block)
+        return self.outside + blocks, self.outside + self.block_inputs + max(self.per_block, default=0)
+
+
+def _autocast(device: torch.device, precision: str) -> contextlib.AbstractContextManager[Any]:
+    dtype = {"16-mixed": torch.float16, "bf16-mixed": torch.bfloat16}.get(precision)
+    if dtype is None:
+        return contextlib.nullcontext()
+    return torch.autocast(device_type=device.type, dtype=dtype)
+
+
+def _saved_bytes(
+    model: nn.Module, loss_fn: LossFn, batch: Any, precision: str, device: torch.device
+) -> tuple[int, int]:
+    storages = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    counter = _SavedBytes(parameter_storages=storages, blocks=transformer_blocks(model))
+    with counter.recording(), _autocast(device, precision):
+        loss = loss_fn(batch)
+    loss.backward()
+    model.zero_grad(set_to_none=True)
+    return counter.totals()
+
+
+def _cuda_peak(model: nn.Module, loss_fn: LossFn, batch: Any, precision: str, device: torch.device) -> int:
+    torch.cuda.synchronize(device)
+    base = torch.cuda.memory_allocated(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    with _autocast(device, precision):
+        loss = loss_fn(batch)
+    loss.backward()
+    torch.cuda.synchronize(device)
+    model.zero_grad(set_to_none=False)
+    return max(0, torch.cuda.max_memory_allocated(device) - base)
+
+
+def _line(small: int, large: int) -> tuple[int, int]:
+    """``(per sample, fixed)`` through the measurements at 1 and 2 samples."""
+    per_sample = max(0, large - small)
+    return per_sample, max(0, small - per_sample)
+
+
+def probe_activations(
+    model: nn.Module, loss_fn: LossFn, batch: Any, precision: str = "32-true", device: torch.device | None = None
+) -> ActivationProbe:
+    """Measure activation bytes of ``loss_fn(batch)`` (a forward returning the loss) on samples of ``batch``.
+
+    ``model`` holds the parameters ``loss_fn`` uses; on CUDA it is switched to activation checkpointing for
+    the second measurement, so pass a model built for probing.
+    """
+    device = device or next(model.parameters()).device
+    one, two = take_samples(batch, 1), take_samples(batch, 2)
+    if device.type != "cuda":
+        (plain_1, ckpt_1), (plain_2, ckpt_2) = (_saved_bytes(model, loss_fn, b, precision, device) for b in (one, two))
+        return ActivationProbe(*_line(plain_1, plain_2), *_line(ckpt_1, ckpt_2), method="saved tensors")
+    _cuda_peak(model, loss_fn, one, precision, device)  # gradients allocated once, outside the measurement
+    plain = _line(*(_cuda_peak(model, loss_fn, b, precision, device) for b in (one, two)))
+    if enable_activation_checkpointing(model) == 0:
+        return ActivationProbe(*plain, *plain, method="cuda peak")
+    ckpt = _line(*(_cuda_peak(model, loss_fn, b, precision, device) for b in (one, two)))
+    return ActivationProbe(*plain, *ckpt, method="cuda peak")

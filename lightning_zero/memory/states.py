@@ -1,0 +1,213 @@
+"""What a configuration keeps per device and per host for the model states: parameters, gradients, optimizer.
+
+Element counts follow each backend's own partitioning (DeepSpeed's padded flat partitions at stages 1-2 and
+per-parameter partitions at stage 3, FairScale OSS's greedy whole-parameter split, FSDP2's row shards), so
+they equal what :mod:`lightning_zero.memory.footprint` measures on a rank. Bytes assume an Adam-like
+optimizer (two fp32 states per element). For DeepSpeed stages 2 and 3 under 16-bit mixed precision the device
+and host bytes are DeepSpeed's own estimators' figures.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from torch import nn
+
+from lightning_zero.memory.footprint import full_numel
+
+ADAM_STATES = 2
+FP32 = 4
+_DEEPSPEED_ALIGNMENT = 2  # DeepSpeed aligns flat stage 1-2 partitions to 2 elements per rank
+
+
+@dataclass(frozen=True)
+class Layout:
+    """One way to lay out training: backend, ZeRO stage, offload targets, activation checkpointing.
+
+    Args:
+        backend: ``"ddp"``, ``"deepspeed"``, ``"fairscale"`` or ``"fsdp2"``.
+        stage: ZeRO stage (0 for DDP).
+        offload_optimizer: Optimizer state and step on the host.
+        offload_parameters: Parameters on the host between uses (stage 3).
+        offload_ratio: Share of the optimizer state offloaded (DeepSpeed stage 3 accepts less than 1).
+        activation_checkpointing: Recompute block activations in backward.
+    """
+
+    backend: str
+    stage: int
+    offload_optimizer: bool = False
+    offload_parameters: bool = False
+    offload_ratio: float = 1.0
+    activation_checkpointing: bool = False
+
+    @property
+    def name(self) -> str:
+        """A short readable name, e.g. ``zero3_offload_opt0.5+ckpt``."""
+        if self.backend == "ddp":
+            base = "ddp"
+        else:
+            base = f"zero{self.stage}"
+            if self.offload_parameters:
+                base += "_offload"
+            elif self.offload_optimizer:
+                base += "_offload" if self.stage < 3 else "_offload_opt"
+                if self.offload_ratio < 1.0:
+                    base += f"{self.offload_ratio:g}"
+            if self.backend != "deepspeed":
+                base += "_fsdp" if self.backend == "fsdp2" else f"_{self.backend}"
+        return base + ("+ckpt" if self.activation_checkpointing else "")
+
+
+@dataclass(frozen=True)
+class ParameterShapes:
+    """The trainable parameters of a model (each shared tensor once), as shapes; enough to plan its memory."""
+
+    shapes: tuple[tuple[int, ...], ...]
+    largest_layer: int
+
+    @classmethod
+    def of(cls, model: nn.Module) -> ParameterShapes:
+        """Read the shapes of ``model``'s trainable parameters (the full shapes when ZeRO-3 already partitioned)."""
+        shapes = tuple(tuple(getattr(p, "ds_shape", p.shape)) for p in model.parameters() if p.requires_grad)
+        largest = max(
+            (sum(full_numel(p) for p in module.parameters(recurse=False)) for module in model.modules()), default=0
+        )
+        return cls(shapes=shapes, largest_layer=largest)
+
+    @property
+    def numels(self) -> list[int]:
+        return [math.prod(shape) for shape in self.shapes]
+
+    @property
+    def total(self) -> int:
+        return sum(self.numels)
+
+
+@dataclass(frozen=True)
+class ModelStates:
+    """Model states of the most loaded rank under one layout.
+
+    ``local_parameters`` and ``optimizer_state`` are element counts comparable with
+    :class:`~lightning_zero.memory.footprint.Footprint`; the bytes are what the device and each host hold.
+    """
+
+    local_parameters: int
+    optimizer_state: int
+    device_bytes: int
+    host_bytes: int
+    deepspeed_estimate: bool
+
+
+@dataclass(frozen=True)
+class Precision:
+    """Bytes per element of what a backend stores under a Trainer precision."""
+
+    parameter: int
+    gradient: int
+    master: int
+
+    @classmethod
+    def of(cls, precision: str, backend: str) -> Precision:
+        """DeepSpeed keeps 16-bit parameters and gradients plus an fp32 master copy under ``*-mixed``; the other
+        backends keep fp32 parameters and autocast."""
+        if backend == "deepspeed" and precision.endswith("-mixed") and precision.startswith(("16", "bf16")):
+            return cls(parameter=2, gradient=2, master=FP32)
+        if precision.startswith(("16-true", "bf16-true")):
+            return cls(parameter=2, gradient=2, master=0)
+        return cls(parameter=FP32, gradient=FP32, master=0)
+
+
+def row_shard(shape: tuple[int, ...], world: int) -> int:
+    """Elements of rank 0's shard when dimension 0 is split into ``world`` chunks (torch.chunk, as FSDP2)."""
+    if not shape:
+        return 1
+    chunk = math.ceil(shape[0] / world)
+    return min(chunk, shape[0]) * math.prod(shape[1:])
+
+
+def greedy_shares(numels: list[int], world: int) -> list[int]:
+    """Elements each rank owns when whole parameters go, in order, to the least loaded rank (FairScale OSS)."""
+    sizes = [0] * world
+    for numel in numels:
+        sizes[sizes.index(min(sizes))] += numel
+    return sizes
+
+
+def flat_partition(total: int, world: int) -> int:
+    """DeepSpeed stage 1-2: one rank's share of the flat, padded parameter group."""
+    alignment = _DEEPSPEED_ALIGNMENT * world
+    return math.ceil(total / alignment) * alignment // world
+
+
+def partitioned_elements(shapes: ParameterShapes, layout: Layout, world: int) -> tuple[int, int]:
+    """``(local parameters, optimizer partition)`` of the most loaded rank, in elements."""
+    numels = shapes.numels
+    total = sum(numels)
+    if layout.backend == "ddp" or layout.stage == 0:
+        return total, total
+    if layout.backend == "deepspeed":
+        if layout.stage == 3:
+            local = sum(math.ceil(n / world) for n in numels)
+            return local, local
+        return total, flat_partition(total, world)
+    if layout.backend == "fairscale":
+        return total, max(greedy_shares(numels, world))
+    local = sum(row_shard(shape, world) for shape in shapes.shapes)
+    return local, local
+
+
+def model_states(
+    shapes: ParameterShapes, layout: Layout, devices: int, nodes: int = 1, precision: str = "32-true"
+) -> ModelStates:
+    """The model states of ``shapes`` under ``layout`` on ``nodes`` hosts of ``devices`` devices each."""
+    world = devices * nodes
+    local, partition = partitioned_elements(shapes, layout, world)
+    bytes_ = Precision.of(precision, layout.backend)
+    total = shapes.total
+    on_host = layout.offload_ratio if layout.offload_optimizer else 0.0
+    sharded_gradients = layout.stage >= 2 and layout.backend != "ddp"
+    gradients = partition if sharded_gradients else total
+    optimizer_bytes = partition * (ADAM_STATES * FP32 + bytes_.master)
+    # Offloaded parameters come to the device one layer at a time.
+    device = (shapes.largest_layer if layout.offload_parameters else local) * bytes_.parameter
+    device += 0 if layout.offload_optimizer else gradients * bytes_.gradient
+    device += int(optimizer_bytes * (1.0 - on_host))
+    if layout.backend == "fsdp2" and layout.stage == 2:
+        device += total * bytes_.parameter  # gathered parameters stay from forward to backward
+    host = int(optimizer_bytes * on_host) + (partition * FP32 if layout.offload_optimizer else 0)
+    host += local * bytes_.parameter if layout.offload_parameters else 0
+    estimate = _deepspeed_estimate(shapes, layout, devices, nodes) if bytes_.master else None
+    if estimate is not None:
+        host, device = estimate
+    return ModelStates(
+        local_parameters=local,
+        optimizer_state=ADAM_STATES * partition,
+        device_bytes=device,
+        host_bytes=host if estimate is not None else host * devices,
+        deepspeed_estimate=estimate is not None,
+    )
+
+
+def _deepspeed_estimate(shapes: ParameterShapes, layout: Layout, devices: int, nodes: int) -> tuple[int, int] | None:
+    """DeepSpeed's ``(host bytes, device bytes)`` estimate for stage 2 and 3 with full offload ratios."""
+    if layout.backend != "deepspeed" or layout.stage < 2 or layout.offload_ratio < 1.0:
+        return None
+    if layout.stage == 2:
+        from deepspeed.runtime.zero.stage_1_and_2 import estimate_zero2_model_states_mem_needs
+
+        host, device = estimate_zero2_model_states_mem_needs(
+            shapes.total, num_gpus_per_node=devices, num_nodes=nodes, cpu_offload=layout.offload_optimizer
+        )
+        return int(host), int(device)
+    from deepspeed.runtime.zero.stage3 import estimate_zero3_model_states_mem_needs
+
+    host, device, _ = estimate_zero3_model_states_mem_needs(
+        shapes.total,
+        shapes.largest_layer,
+        num_gpus_per_node=devices,
+        num_nodes=nodes,
+        cpu_offload=layout.offload_optimizer,
+        cpu_offload_params=layout.offload_parameters,
+    )
+    return int(host), int(device)

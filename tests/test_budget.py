@@ -1,0 +1,74 @@
+"""The memory budget: validated in the config, a one-line error naming the smallest layout that fits, host RAM."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+from torch import nn
+
+from lightning_zero.errors import ZeroConfigError
+from lightning_zero.memory.budget import GIB, apply_memory_budget, check_host_memory, check_model_states_fit
+from lightning_zero.memory.states import Layout, ParameterShapes
+from lightning_zero.strategies.config import ZeroConfig
+from lightning_zero.strategies.deepspeed_config import DeepSpeedZeroConfig
+
+#: 2**28 parameters: 4 GiB under DDP in fp32 (16 bytes each), 1 GiB of them per device for a ZeRO-3 shard of 4.
+SHAPES = ParameterShapes(shapes=((2**14, 2**14),), largest_layer=2**28)
+
+
+@pytest.mark.parametrize("bad", [0, -1.0, "24", True])
+def test_budget_must_be_a_positive_number(bad: object) -> None:
+    with pytest.raises(ZeroConfigError, match="memory_budget_gib"):
+        ZeroConfig(memory_budget_gib=bad)  # type: ignore[arg-type]
+
+
+def test_budget_is_a_shared_field() -> None:
+    assert DeepSpeedZeroConfig.from_dict({"memory_budget_gib": 24}).memory_budget_gib == 24
+
+
+def test_model_states_over_budget_name_the_smallest_layout_that_fits() -> None:
+    with pytest.raises(ZeroConfigError, match=r"zero1 needs 2\.50 GiB .* use strategy `zero3`") as error:
+        check_model_states_fit(SHAPES, Layout("deepspeed", 1), 1.5, devices=4, nodes=1, precision="32-true")
+    assert "\n" not in str(error.value)
+    # 16-bit mixed: DeepSpeed's estimators put ZeRO-2 at 1.62 GiB, ZeRO-3 at 2.12 GiB, ZeRO-2 offload at 0.5 GiB.
+    with pytest.raises(ZeroConfigError, match="use strategy `zero2_offload`"):
+        check_model_states_fit(SHAPES, Layout("deepspeed", 2), 0.9, devices=4, nodes=1, precision="16-mixed")
+    with pytest.raises(ZeroConfigError, match="use strategy `zero3_fsdp`"):
+        check_model_states_fit(SHAPES, Layout("fsdp2", 2), 1.1, devices=4, nodes=1, precision="32-true")
+
+
+def test_nothing_fits_says_so() -> None:
+    with pytest.raises(ZeroConfigError, match="no layout fits on 1 device"):
+        check_model_states_fit(SHAPES, Layout("fsdp2", 3), 0.001, devices=1, nodes=1, precision="32-true")
+
+
+def test_fitting_states_pass() -> None:
+    states = check_model_states_fit(SHAPES, Layout("deepspeed", 3), 1.5, devices=4, nodes=1, precision="32-true")
+    assert states.device_bytes == GIB
+
+
+def test_host_memory_check() -> None:
+    check_host_memory(10, "Offload", available_bytes=11)
+    with pytest.raises(ZeroConfigError, match=r"Offload needs 2\.00 GiB of host RAM but 1\.00 GiB is free"):
+        check_host_memory(2 * GIB, "Offload", available_bytes=GIB)
+
+
+def strategy(zero: DeepSpeedZeroConfig, model: nn.Module) -> SimpleNamespace:
+    return SimpleNamespace(
+        zero=zero,
+        model=model,
+        num_processes=2,
+        num_nodes=1,
+        precision_plugin=SimpleNamespace(precision="32-true"),
+        root_device=torch.device("cpu"),
+    )
+
+
+def test_strategies_apply_the_budget_in_setup() -> None:
+    model = nn.Linear(1024, 1024)  # ~1 M parameters: 16 MiB under DDP-like stage 1 states
+    apply_memory_budget(strategy(DeepSpeedZeroConfig(stage=1), model), "deepspeed")  # no budget: nothing checked
+    apply_memory_budget(strategy(DeepSpeedZeroConfig(stage=3, memory_budget_gib=0.009), model), "deepspeed")
+    with pytest.raises(ZeroConfigError, match="use strategy `zero3`"):
+        apply_memory_budget(strategy(DeepSpeedZeroConfig(stage=1, memory_budget_gib=0.009), model), "deepspeed")

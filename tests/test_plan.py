@@ -1,0 +1,121 @@
+"""The plan's model-state numbers are the real partitions; the probe measures activations; the CLI prints a table.
+
+The partition test trains one step under each backend in one 2-process CPU launch (helpers/parity_run.py) and
+compares each rank's measured footprint with the plan's element counts for the most loaded rank.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from lightning_zero.cli import main
+from lightning_zero.memory.plan import candidate_layouts, format_plan, make_plan
+from lightning_zero.memory.probe import ActivationProbe, probe_activations, take_samples
+from lightning_zero.memory.states import Layout, ParameterShapes, flat_partition, model_states, row_shard
+from tests.helpers.launch import run_script
+from tests.helpers.tiny import TinyLM
+
+RUNNER = Path(__file__).parent / "helpers" / "parity_run.py"
+CLI_TINY = Path(__file__).parent / "data" / "cli_tiny.yaml"
+MEASURED = {
+    "ddp": Layout("ddp", 0),
+    "zero1": Layout("deepspeed", 1),
+    "zero3": Layout("deepspeed", 3),
+    "zero2_fairscale": Layout("fairscale", 2),
+    "zero3_fsdp": Layout("fsdp2", 3),
+}
+
+
+@pytest.fixture(scope="module")
+def footprints(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("footprints")
+    run_script(RUNNER, str(out), "--steps", "1", "--strategies", *MEASURED, timeout=600)
+    return out
+
+
+@pytest.mark.parametrize("name", list(MEASURED))
+def test_model_state_elements_equal_measured_partitions(footprints: Path, name: str) -> None:
+    measured = torch.load(footprints / f"{name}.pt")["footprints"]  # per rank: local, full, optimizer elements
+    planned = model_states(ParameterShapes.of(TinyLM()), MEASURED[name], devices=2)
+    assert planned.local_parameters == max(rank[0] for rank in measured)
+    assert planned.optimizer_state == max(rank[2] for rank in measured)
+
+
+def test_partitions_pad_like_the_backends() -> None:
+    assert flat_partition(10, 4) == 4  # DeepSpeed pads the flat group to a multiple of 2 x world: 16 / 4
+    assert flat_partition(16, 4) == 4
+    assert row_shard((5, 3), 2) == 9  # torch.chunk: rank 0 takes ceil(5 / 2) rows
+    assert row_shard((1,), 4) == 1
+
+
+def test_model_state_bytes_follow_sharding_and_offload() -> None:
+    shapes = ParameterShapes(shapes=((1000,),), largest_layer=1000)
+    ddp = model_states(shapes, Layout("ddp", 0), devices=4)
+    assert ddp.device_bytes == 1000 * (4 + 4 + 8) and ddp.host_bytes == 0
+    zero1 = model_states(shapes, Layout("deepspeed", 1), devices=4)
+    assert zero1.device_bytes == 1000 * 8 + 250 * 8
+    partial = model_states(shapes, Layout("deepspeed", 3, offload_optimizer=True, offload_ratio=0.5), devices=4)
+    full = model_states(shapes, Layout("deepspeed", 3, offload_optimizer=True), devices=4, precision="32-true")
+    assert partial.device_bytes > full.device_bytes and partial.host_bytes < full.host_bytes
+    # Under 16-bit mixed precision DeepSpeed's own estimator gives the bytes of stages 2 and 3.
+    mixed = model_states(shapes, Layout("deepspeed", 2), devices=4, precision="16-mixed")
+    assert mixed.deepspeed_estimate and mixed.device_bytes == 2 * 1000 + 18 * 1000 // 4
+
+
+class Blocks(nn.Module):
+    """Four repeated blocks of width 64: activations grow with the batch, checkpointing keeps one block's."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(nn.Sequential(nn.Linear(64, 256), nn.GELU(), nn.Linear(256, 64)) for _ in range(4))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for layer in self.layers:
+            x = layer(x)
+        return x.square().mean()
+
+
+def test_probe_counts_saved_activations_per_sample() -> None:
+    model = Blocks()
+    probe = probe_activations(model, model, torch.randn(8, 32, 64))
+    # Per block and sample (32 rows): input 64 + pre-GELU 256 + post-GELU 256 floats, 4 bytes each.
+    per_block = 32 * (64 + 256 + 256) * 4
+    assert probe.per_sample == pytest.approx(4 * per_block + 32 * 64 * 4, rel=0.01)
+    assert probe.per_sample_checkpointed < probe.per_sample / 2
+    assert probe.method == "saved tensors"
+
+
+def test_take_samples_repeats_short_batches() -> None:
+    batch = {"ids": torch.arange(3).view(3, 1), "name": "x"}
+    assert take_samples(batch, 5)["ids"].flatten().tolist() == [0, 1, 2, 0, 1]
+    assert take_samples(batch, 5)["name"] == "x"
+
+
+def test_make_plan_predicts_the_largest_micro_batch() -> None:
+    shapes = ParameterShapes(shapes=((2**20,),), largest_layer=2**20)  # 1 Mi parameters: 16 MiB under DDP
+    probe = ActivationProbe(per_sample=2**20, fixed=0, per_sample_checkpointed=2**18, fixed_checkpointed=0, method="x")
+    rows = {row.layout.name: row for row in make_plan(shapes, probe, budget_gib=0.1, devices=1, micro_batch=100)}
+    usable = 0.1 * 2**30 * 0.9
+    assert rows["ddp"].max_micro_batch == int((usable - 16 * 2**20) // 2**20)
+    assert not rows["ddp"].fits and rows["ddp+ckpt"].fits
+    assert rows["ddp+ckpt"].max_micro_batch > 3 * rows["ddp"].max_micro_batch
+    names = [layout.name for layout in candidate_layouts()]
+    for expected in ("zero3_offload_opt0.5", "zero2_offload+ckpt", "zero2_fairscale", "zero3_fsdp", "ddp"):
+        assert expected in names
+    assert "ddp+ckpt" in format_plan(list(rows.values()), 0.1, 100)
+
+
+def test_plan_command_prints_a_table(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["plan", "--config", str(CLI_TINY), "--budget-gib", "0.01", "--devices", "2"]) == 0
+    out = capsys.readouterr().out
+    zero3 = next(line for line in out.splitlines() if line.startswith("zero3 "))
+    assert zero3.split()[1] == "14528" and zero3.split()[-1] == "yes"
+
+
+def test_plan_command_errors_in_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["plan", "--config", "missing.yaml", "--budget-gib", "1"]) == 2
+    assert capsys.readouterr().err.count("\n") == 1
