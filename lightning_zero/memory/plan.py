@@ -31,7 +31,7 @@ from lightning.pytorch import LightningModule
 
 from lightning_zero.errors import ZeroConfigError
 from lightning_zero.memory.budget import GIB
-from lightning_zero.memory.probe import ActivationProbe, probe_activations
+from lightning_zero.memory.probe import ActivationProbe, probe_activations, to_device
 from lightning_zero.memory.states import Layout, ModelStates, ParameterShapes, Precision, model_states
 
 #: Share of the budget kept free for allocator fragmentation and framework workspaces.
@@ -177,16 +177,6 @@ def training_loss(module: LightningModule) -> Any:
     return loss
 
 
-def _to_device(batch: Any, device: torch.device) -> Any:
-    if isinstance(batch, torch.Tensor):
-        return batch.to(device)
-    if isinstance(batch, dict):
-        return {key: _to_device(value, device) for key, value in batch.items()}
-    if isinstance(batch, (list, tuple)):
-        return type(batch)(_to_device(value, device) for value in batch)
-    return batch
-
-
 @dataclass(frozen=True)
 class ConfigPlan:
     """A planned YAML config: its devices, precision and micro-batch, the probe, and the rows."""
@@ -240,7 +230,7 @@ def plan_for_config(
     module.to(device)
     batch = _first_batch(module, cli.datamodule)
     micro_batch = len(next(iter(batch.values())) if isinstance(batch, dict) else batch[0])
-    probe = probe_activations(module, training_loss(module), _to_device(batch, device), precision, device)
+    probe = probe_activations(module, training_loss(module), to_device(batch, device), precision, device)
     budget = _budget_from(trainer, budget_gib, device)
     devices = devices or _count(trainer.get("devices", 1))
     nodes = nodes or int(trainer.get("num_nodes", 1))

@@ -54,6 +54,17 @@ def take_samples(batch: Any, count: int) -> Any:
     return batch
 
 
+def to_device(batch: Any, device: torch.device) -> Any:
+    """``batch`` (tensors, or dicts/lists/tuples of them) on ``device``."""
+    if isinstance(batch, torch.Tensor):
+        return batch.to(device)
+    if isinstance(batch, dict):
+        return {key: to_device(value, device) for key, value in batch.items()}
+    if isinstance(batch, (list, tuple)):
+        return type(batch)(to_device(value, device) for value in batch)
+    return batch
+
+
 @dataclass
 class _SavedBytes:
     """Bytes saved for backward, split by the block that saved them."""

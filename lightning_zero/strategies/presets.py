@@ -68,6 +68,7 @@ PRESETS: tuple[Preset, ...] = (
         "PyTorch FSDP2 ZeRO-3, parameters, gradients and optimizer step on CPU",
         {"stage": 3, "offload_optimizer": _CPU, "offload_parameters": _CPU},
     ),
+    Preset("zero_auto", "auto", "DeepSpeed ZeRO chosen by measurement for the memory budget (memory_budget_gib)", {}),
 )
 
 
@@ -81,6 +82,10 @@ def backend_class(backend: str) -> type:
         from lightning_zero.strategies.fairscale import FairScaleStrategy
 
         return FairScaleStrategy
+    if backend == "auto":
+        from lightning_zero.strategies.auto import ZeroAutoStrategy
+
+        return ZeroAutoStrategy
     if backend == "fsdp2":
         from lightning_zero.strategies.fsdp2 import FSDP2Strategy
 

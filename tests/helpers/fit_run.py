@@ -1,6 +1,6 @@
 """Scenarios of the batch-size finder and zero_auto in one 2-process CPU launch; each rank writes what it saw.
 
-    python tests/helpers/fit_run.py OUT_DIR --scenarios budget oom global plain auto
+    python tests/helpers/fit_run.py OUT_DIR --scenarios budget oom global plain auto auto_again auto_global
 
 A synthetic memory-hungry module "uses" ``MIB_PER_SAMPLE`` MiB per sample; the finder's injected check compares
 that with a per-rank emulated budget, and the ``oom`` scenario raises ``torch.OutOfMemoryError`` on rank 1 only.
@@ -24,6 +24,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 import lightning_zero  # noqa: F401  (registers the presets)
 from lightning_zero.callbacks.batch_size import ZeroBatchSizeFinder
+from lightning_zero.strategies import build_preset
 
 MIB_PER_SAMPLE = 1
 BUDGET_MIB = {0: 10, 1: 6}  # rank 1 has the smaller emulated budget: both must stop at 6
@@ -108,7 +109,41 @@ def run_plain(strategy: str, batch_size: int, accumulate: int) -> dict[str, Any]
     return {"losses": module.losses}
 
 
-def scenario(name: str) -> dict[str, Any]:
+def run_auto(cache_file: Path, batch_size: int | str | None) -> dict[str, Any]:
+    L.seed_everything(7)
+    module = Hungry(batch_size=4)
+    zero = {"memory_budget_gib": 1, "max_trials": 2, "trial_steps": 1, "cache_file": str(cache_file)}
+    strategy = build_preset("zero_auto", **zero, batch_size=batch_size)
+    trainer = L.Trainer(
+        accelerator="cpu",
+        devices=2,
+        strategy=strategy,
+        precision="32-true",
+        max_steps=STEPS,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
+    trainer.fit(module)
+    assert strategy.chosen is not None
+    return {
+        "chosen": strategy.chosen.name,
+        "micro_batch": strategy.chosen.micro_batch,
+        "accumulation": trainer.accumulate_grad_batches,
+        "stage": strategy.config["zero_optimization"]["stage"],
+        "module_batch_size": module.batch_size,
+        "from_cache": strategy.from_cache,
+        "tried": [(m.candidate.name, m.fits, m.samples_per_sec) for m in strategy.trials],
+        "losses": module.losses,
+    }
+
+
+def scenario(name: str, out: Path) -> dict[str, Any]:
+    if name in ("auto", "auto_again"):
+        return run_auto(out / "zero_auto_cache.json", batch_size=None)
+    if name == "auto_global":
+        return run_auto(out / "zero_auto_cache.json", batch_size=16)
     if name == "budget":
         return run_finder("zero2", ZeroBatchSizeFinder(max_batch_size=32, fits=within_emulated_budget))
     if name == "oom":
@@ -131,7 +166,7 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     torch.set_num_threads(1)
     for name in args.scenarios:
-        result = scenario(name)
+        result = scenario(name, args.out)
         rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
         (args.out / f"{name}-rank{rank}.json").write_text(json.dumps(result))
 

@@ -1,0 +1,135 @@
+"""What ``zero_auto`` tries and how it chooses: pure functions of the plan and of measured trial steps.
+
+Candidates come from the plan's DeepSpeed rows that fit the budget. With a fixed global batch each candidate
+gets the largest micro-batch that divides the per-device batch and fits, and the accumulation that keeps the
+global batch; with ``batch_size: max`` it gets the largest micro-batch that fits. Offload candidates use pinned
+host buffers on CUDA. ZenFlow is never a candidate. :func:`choose` takes the highest samples/s among the
+trials that fitted, ties going to the earlier candidate, so the same measurements always give the same choice.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+
+from lightning_zero.errors import ZeroConfigError
+from lightning_zero.memory.plan import PlanRow
+from lightning_zero.memory.states import Layout
+
+MAX = "max"
+#: Buckets are whole multiples of this many elements: no larger than the model (less buffer memory), and even.
+BUCKET_GRANULE = 2**20
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One configuration to try: a layout, micro-batch x accumulation, pinned host buffers, bucket size."""
+
+    layout: Layout
+    micro_batch: int
+    accumulation: int
+    pin_memory: bool
+    bucket_size: int
+
+    @property
+    def name(self) -> str:
+        pinned = " pinned" if self.pin_memory else ""
+        return f"{self.layout.name} {self.micro_batch}x{self.accumulation}{pinned}"
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """What a trial of a candidate gave: whether it fitted, its samples/s, and why it did not."""
+
+    candidate: Candidate
+    fits: bool
+    samples_per_sec: float = 0.0
+    peak_bytes: int = 0
+    reason: str = ""
+
+
+def largest_divisor_at_most(value: int, limit: int) -> int:
+    """The largest divisor of ``value`` not above ``limit`` (0 when ``limit`` < 1)."""
+    return max((d for d in range(1, min(value, limit) + 1) if value % d == 0), default=0)
+
+
+def _prior(row: PlanRow, micro: int) -> tuple[int, int, int, int]:
+    """Order of trial: no offload first, then larger micro-batches, no checkpointing, stage 2 before 1 and 3."""
+    layout = row.layout
+    offload = int(layout.offload_optimizer) + int(layout.offload_parameters) + int(layout.offload_ratio < 1.0)
+    return (offload, -micro, int(layout.activation_checkpointing), {2: 0, 1: 1, 3: 2}.get(layout.stage, 3))
+
+
+def candidates(
+    rows: Sequence[PlanRow],
+    world_size: int,
+    global_batch: int | str,
+    total_parameters: int,
+    on_cuda: bool,
+    max_trials: int,
+    default_bucket: int = 200_000_000,
+) -> list[Candidate]:
+    """The first ``max_trials`` DeepSpeed candidates that the plan says fit, in trial order."""
+    bucket = min(default_bucket, -(-max(1, total_parameters) // BUCKET_GRANULE) * BUCKET_GRANULE)
+    scored = []
+    for row in rows:
+        if row.layout.backend != "deepspeed" or row.max_micro_batch < 1:
+            continue
+        if global_batch == MAX:
+            micro, accumulation = row.max_micro_batch, 1
+        else:
+            assert isinstance(global_batch, int)
+            per_device = global_batch // world_size
+            micro = largest_divisor_at_most(per_device, row.max_micro_batch)
+            if micro == 0:
+                continue
+            accumulation = per_device // micro
+        pin = on_cuda and row.layout.offload_optimizer
+        scored.append((_prior(row, micro), Candidate(row.layout, micro, accumulation, pin, bucket)))
+    scored.sort(key=lambda item: item[0])
+    return [candidate for _, candidate in scored[:max_trials]]
+
+
+def choose(measurements: Sequence[Measurement]) -> Measurement:
+    """The fitted measurement with the highest samples/s (the earliest on ties)."""
+    best: Measurement | None = None
+    for measurement in measurements:
+        if measurement.fits and (best is None or measurement.samples_per_sec > best.samples_per_sec):
+            best = measurement
+    if best is None:
+        tried = "; ".join(f"{m.candidate.name}: {m.reason}" for m in measurements) or "nothing fitted in the plan"
+        raise ZeroConfigError(
+            f"zero_auto found no configuration that fits the memory budget ({tried}): raise `memory_budget_gib`,"
+            " add devices, or lower the batch size."
+        )
+    return best
+
+
+def format_trials(measurements: Sequence[Measurement], chosen: Measurement) -> str:
+    """A short table of what was tried, what it gave, and which was chosen."""
+    lines = ["zero_auto trials (highest samples/s that fits wins):"]
+    for m in measurements:
+        mark = "->" if m is chosen else "  "
+        result = f"{m.samples_per_sec:8.2f} samples/s" if m.fits else f"no: {m.reason}"
+        lines.append(f"{mark} {m.candidate.name:<40} {result}")
+    return "\n".join(lines)
+
+
+def cache_key(**facts: object) -> str:
+    """A stable key of everything the choice depends on (model, sequence length, devices, budget, versions)."""
+    return hashlib.sha256(json.dumps(facts, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def candidate_to_dict(candidate: Candidate) -> dict[str, object]:
+    """A JSON-ready form of a candidate (for the cache file)."""
+    return asdict(candidate)
+
+
+def candidate_from_dict(values: dict[str, object]) -> Candidate:
+    """The candidate :func:`candidate_to_dict` wrote."""
+    layout = values["layout"]
+    assert isinstance(layout, dict)
+    fields = {key: value for key, value in values.items() if key != "layout"}
+    return Candidate(layout=Layout(**layout), **fields)  # type: ignore[arg-type]

@@ -1,0 +1,335 @@
+"""``zero_auto``: DeepSpeed ZeRO configured for the memory budget by measurement.
+
+    Trainer(strategy="zero_auto")                                  # budget: the whole device
+    Trainer(strategy=build_preset("zero_auto", memory_budget_gib=24, batch_size="max", cache_file="auto.json"))
+
+At set-up, once the model exists: plan every DeepSpeed layout (:mod:`lightning_zero.memory.plan`, with a real
+activation probe of the model on a batch of the data), take the few candidates the plan says fit
+(:func:`lightning_zero.memory.search.candidates`: stage, optimizer offload incl. a partial ratio at stage 3,
+activation checkpointing, micro-batch x accumulation, pinned host buffers on CUDA, bucket size), time a few
+real optimizer steps of each on a copy of the model, and train with the highest samples/s that fitted. The
+user's global batch (dataloader batch x processes x accumulation) is kept unless ``batch_size: max``. The
+table of trials is logged; the choice is cached in ``cache_file`` (when given), keyed by model, sequence
+length, devices, budget, precision, batch and versions, so the next run skips the search. ZenFlow's
+approximate optimizer is never chosen.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import dataclasses
+import gc
+import json
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+from lightning.pytorch import LightningModule
+from lightning.pytorch.core.optimizer import _init_optimizers_and_lr_schedulers
+from lightning.pytorch.utilities import rank_zero_info
+from lightning.pytorch.utilities.parsing import lightning_hasattr, lightning_setattr
+from torch import nn
+
+from lightning_zero.callbacks.batch_size import is_out_of_memory
+from lightning_zero.callbacks.throughput import first_tensor, samples_in
+from lightning_zero.errors import ZeroConfigError
+from lightning_zero.memory.budget import GIB
+from lightning_zero.memory.plan import candidate_layouts, make_plan, training_loss
+from lightning_zero.memory.probe import probe_activations, take_samples, to_device
+from lightning_zero.memory.search import (
+    MAX,
+    Candidate,
+    Measurement,
+    cache_key,
+    candidate_from_dict,
+    candidate_to_dict,
+    candidates,
+    choose,
+    format_trials,
+)
+from lightning_zero.memory.states import ParameterShapes
+from lightning_zero.strategies import cpu_adam
+from lightning_zero.strategies.blocks import enable_activation_checkpointing
+from lightning_zero.strategies.deepspeed import ZeroStrategy
+from lightning_zero.strategies.deepspeed_config import (
+    DeepSpeedZeroConfig,
+    TrainerValues,
+    resolve_auto,
+    to_deepspeed_config,
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class AutoZeroConfig(DeepSpeedZeroConfig):
+    """``zero_auto``'s settings; the DeepSpeed fields not searched (loss scaling, ...) apply as given.
+
+    Args:
+        batch_size: ``None``: keep the global batch the Trainer and dataloader give; an int: this global batch;
+            ``"max"``: the largest micro-batch that fits, no accumulation.
+        batch_arg_name: The module or datamodule attribute that sets the dataloader's batch size.
+        max_micro_batch: Largest micro-batch considered.
+        max_trials: Candidates timed.
+        trial_steps: Timed optimizer steps per candidate (after ``warmup_steps``).
+        warmup_steps: Untimed optimizer steps per candidate.
+        cache_file: JSON file where choices are cached (``None``: no cache).
+    """
+
+    batch_size: int | str | None = None
+    batch_arg_name: str = "batch_size"
+    max_micro_batch: int = 512
+    max_trials: int = 4
+    trial_steps: int = 3
+    warmup_steps: int = 1
+    cache_file: str | None = None
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        size = self.batch_size
+        if size is not None and size != MAX and (isinstance(size, bool) or not isinstance(size, int) or size < 1):
+            raise ZeroConfigError(f"`batch_size` must be a positive global batch or 'max', got {size!r}.")
+        for name in ("max_micro_batch", "max_trials", "trial_steps"):
+            if getattr(self, name) < 1:
+                raise ZeroConfigError(f"`{name}` must be at least 1, got {getattr(self, name)!r}.")
+
+
+def deepspeed_config_for(base: AutoZeroConfig, candidate: Candidate) -> tuple[AutoZeroConfig, dict[str, Any]]:
+    """Our config and the DeepSpeed config dict of ``candidate`` (the partial offload ratio included)."""
+    layout = candidate.layout
+    zero = base.replace(
+        stage=layout.stage,
+        offload_optimizer="cpu" if layout.offload_optimizer else "none",
+        offload_parameters="cpu" if layout.offload_parameters else "none",
+        activation_checkpointing=layout.activation_checkpointing,
+        pin_memory=candidate.pin_memory,
+        reduce_bucket_size=candidate.bucket_size,
+        allgather_bucket_size=candidate.bucket_size,
+    )
+    config = to_deepspeed_config(zero)
+    if layout.offload_optimizer and layout.offload_ratio < 1.0:
+        config["zero_optimization"]["offload_optimizer"]["ratio"] = layout.offload_ratio
+    return zero, config
+
+
+class ZeroAutoStrategy(ZeroStrategy):
+    """DeepSpeed ZeRO with stage, offload, checkpointing, micro-batch and buffers chosen by measurement.
+
+    Args:
+        zero: An :class:`AutoZeroConfig` or a mapping of its fields.
+        **kwargs: As for :class:`~lightning_zero.strategies.deepspeed.ZeroStrategy`.
+    """
+
+    strategy_name = "zero_auto"
+
+    def __init__(self, zero: AutoZeroConfig | Mapping[str, Any] | None = None, **kwargs: Any) -> None:
+        super().__init__(zero=AutoZeroConfig.coerce(zero), **kwargs)
+        self.auto: AutoZeroConfig = AutoZeroConfig.coerce(zero)
+        self.chosen: Candidate | None = None
+        self.trials: list[Measurement] = []
+        self.from_cache = False
+
+    def setup(self, trainer: Any) -> None:
+        assert self.lightning_module is not None
+        candidate = self.search(trainer)
+        self.zero, self.config = deepspeed_config_for(self._base(), candidate)
+        if candidate.micro_batch != self._dataloader_batch(trainer):
+            if not lightning_hasattr(self.lightning_module, self.auto.batch_arg_name):
+                raise ZeroConfigError(
+                    f"zero_auto sets `{self.auto.batch_arg_name}` but neither the module nor the datamodule has it:"
+                    " add it or set `batch_arg_name`."
+                )
+            lightning_setattr(self.lightning_module, self.auto.batch_arg_name, candidate.micro_batch)
+        trainer.accumulate_grad_batches = candidate.accumulation
+        self.chosen = candidate
+        rank_zero_info(f"zero_auto chose {candidate.name}.")
+        super().setup(trainer)
+
+    def _base(self) -> AutoZeroConfig:
+        return self.auto.replace(memory_budget_gib=self._budget_gib())
+
+    def _budget_gib(self) -> float:
+        if self.auto.memory_budget_gib is not None:
+            return self.auto.memory_budget_gib
+        if self.root_device.type == "cuda":
+            return torch.cuda.get_device_properties(self.root_device).total_memory / GIB
+        raise ZeroConfigError("zero_auto off CUDA needs a budget: set `memory_budget_gib` (e.g. 4).")
+
+    def search(self, trainer: Any) -> Candidate:
+        """The cached choice for this model and setting, or the best of the trials (identical on every rank)."""
+        module = self.lightning_module
+        assert module is not None
+        batch = to_device(_first_batch(trainer, module), self.root_device)
+        shapes = ParameterShapes.of(module)
+        global_batch = self._global_batch(trainer)
+        key = self._cache_key(module, shapes, batch, global_batch)
+        cached = self.broadcast(self._read_cache(key))
+        if cached is not None:
+            self.from_cache = True
+            rank_zero_info(f"zero_auto: using the cached choice from {self.auto.cache_file}.")
+            return candidate_from_dict(cached)
+        tried = self.broadcast(self._candidates(trainer, module, shapes, batch, global_batch))
+        self.trials = [self.measure(trainer, module, batch, candidate) for candidate in tried]
+        best = choose(self.trials)
+        rank_zero_info(format_trials(self.trials, best))
+        if self.is_global_zero:
+            self._write_cache(key, best.candidate)
+        return best.candidate
+
+    def _candidates(
+        self, trainer: Any, module: LightningModule, shapes: ParameterShapes, batch: Any, global_batch: int | str
+    ) -> list[Candidate]:
+        precision = str(self.precision_plugin.precision)
+        probe_model = _copy_of(module, trainer) if self.root_device.type == "cuda" else module
+        probe = probe_activations(probe_model, training_loss(probe_model), batch, precision, self.root_device)
+        del probe_model
+        layouts = [layout for layout in candidate_layouts() if layout.backend == "deepspeed"]
+        rows = make_plan(shapes, probe, self._budget_gib(), self.num_processes, self.num_nodes, precision, 1, layouts)
+        rows = [
+            dataclasses.replace(row, max_micro_batch=min(row.max_micro_batch, self.auto.max_micro_batch))
+            for row in rows
+        ]
+        return candidates(
+            rows, self.world_size, global_batch, shapes.total, self.root_device.type == "cuda", self.auto.max_trials
+        )
+
+    def measure(self, trainer: Any, module: LightningModule, batch: Any, candidate: Candidate) -> Measurement:
+        """Time ``trial_steps`` optimizer steps of ``candidate`` on a copy of ``module``; collective on all ranks."""
+        import deepspeed
+
+        zero, config = deepspeed_config_for(self._base(), candidate)
+        values = TrainerValues(
+            micro_batch_size=candidate.micro_batch,
+            accumulate_grad_batches=candidate.accumulation,
+            gradient_clip_val=trainer.gradient_clip_val,
+            precision=str(self.precision_plugin.precision),
+        )
+        trial = _copy_of(module, trainer)
+        if zero.activation_checkpointing:
+            enable_activation_checkpointing(trial)
+        optimizers, _ = _init_optimizers_and_lr_schedulers(trial)  # type: ignore[arg-type]
+        optimizer = optimizers[0]
+        if zero.offloads and cpu_adam.is_swappable(optimizer):
+            optimizer = cpu_adam.to_cpu_adam(optimizer)
+        samples = self.precision_plugin.convert_input(take_samples(batch, candidate.micro_batch))
+        if self.root_device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(self.root_device)
+        engine = None
+        ok, reason, seconds = True, "", 0.0
+        try:
+            engine = deepspeed.initialize(
+                args=argparse.Namespace(device_rank=self._device_rank),
+                config=resolve_auto(config, values),
+                model=trial,
+                model_parameters=[p for p in trial.parameters() if p.requires_grad],
+                optimizer=optimizer,
+                dist_init_required=False,
+            )[0]
+            seconds = self._timed_steps(engine, trial, samples, candidate.accumulation)
+        except RuntimeError as error:
+            if not is_out_of_memory(error):
+                raise
+            ok, reason = False, "out of memory"
+        finally:
+            if engine is not None:
+                engine.destroy()
+            del engine, trial, optimizer, optimizers
+            gc.collect()
+            if self.root_device.type == "cuda":
+                torch.cuda.empty_cache()
+        if ok and self.root_device.type == "cuda":
+            peak = torch.cuda.max_memory_allocated(self.root_device)
+            ok, reason = peak <= self._budget_gib() * GIB, f"peak {peak / GIB:.1f} GiB over the budget"
+        ok = self.reduce_boolean_decision(ok, all=True)
+        samples_seen = candidate.micro_batch * candidate.accumulation * self.world_size * self.auto.trial_steps
+        rate = float(self.broadcast(samples_seen / seconds if ok and seconds > 0 else 0.0))
+        return Measurement(candidate, fits=ok, samples_per_sec=rate, reason="" if ok else reason or "did not fit")
+
+    def _timed_steps(self, engine: Any, trial: Any, samples: Any, accumulation: int) -> float:
+        loss = training_loss(trial)
+        start = 0.0
+        for step in range(self.auto.warmup_steps + self.auto.trial_steps):
+            if step == self.auto.warmup_steps:
+                self._synchronize()
+                start = time.perf_counter()
+            for _ in range(accumulation):
+                engine.backward(loss(samples))
+                engine.step()
+        self._synchronize()
+        return time.perf_counter() - start
+
+    def _synchronize(self) -> None:
+        if self.root_device.type == "cuda":
+            torch.cuda.synchronize(self.root_device)
+
+    def _dataloader_batch(self, trainer: Any) -> int:
+        return samples_in(_first_batch(trainer, self.lightning_module))
+
+    def _global_batch(self, trainer: Any) -> int | str:
+        if self.auto.batch_size is not None:
+            return self.auto.batch_size
+        per_device = self._dataloader_batch(trainer)
+        return per_device * self.world_size * int(trainer.accumulate_grad_batches)
+
+    def _cache_key(self, module: nn.Module, shapes: ParameterShapes, batch: Any, global_batch: int | str) -> str:
+        import deepspeed
+        import lightning
+
+        from lightning_zero import __version__
+
+        return cache_key(
+            model=type(module).__qualname__,
+            parameters=shapes.total,
+            shapes=hash(shapes.shapes),
+            sample_shape=_sample_shape(batch),
+            devices=self.num_processes,
+            nodes=self.num_nodes,
+            budget=self._budget_gib(),
+            precision=str(self.precision_plugin.precision),
+            batch=global_batch,
+            trials=(self.auto.max_trials, self.auto.max_micro_batch),
+            versions=(torch.__version__, deepspeed.__version__, lightning.__version__, __version__),
+        )
+
+    def _read_cache(self, key: str) -> dict[str, Any] | None:
+        if not self.is_global_zero or self.auto.cache_file is None:
+            return None
+        path = Path(self.auto.cache_file)
+        if not path.is_file():
+            return None
+        entry = json.loads(path.read_text()).get(key)
+        return entry if isinstance(entry, dict) else None
+
+    def _write_cache(self, key: str, candidate: Candidate) -> None:
+        if self.auto.cache_file is None:
+            return
+        path = Path(self.auto.cache_file)
+        entries = json.loads(path.read_text()) if path.is_file() else {}
+        entries[key] = candidate_to_dict(candidate)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(entries, indent=1, sort_keys=True))
+
+    @classmethod
+    def register_strategies(cls, strategy_registry: Any) -> None:
+        from lightning_zero.strategies.presets import register_presets
+
+        register_presets(strategy_registry, backend="auto")
+
+
+def _copy_of(module: LightningModule, trainer: Any) -> LightningModule:
+    """A deep copy of ``module`` attached to the same Trainer (a copy drops its Trainer reference)."""
+    duplicate = copy.deepcopy(module)
+    duplicate.trainer = trainer
+    return duplicate
+
+
+def _first_batch(trainer: Any, module: Any) -> Any:
+    datamodule = getattr(trainer, "datamodule", None)
+    source = datamodule if datamodule is not None and hasattr(datamodule, "train_dataloader") else module
+    return next(iter(source.train_dataloader()))
+
+
+def _sample_shape(batch: Any) -> list[int]:
+    tensor = first_tensor(batch)
+    return list(tensor.shape[1:]) if tensor is not None else []

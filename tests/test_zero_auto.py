@@ -1,0 +1,146 @@
+"""zero_auto: candidates from the plan, a deterministic choice from measurements, the cache, and training end to
+end on 2 CPU processes (helpers/fit_run.py)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import pytest
+
+from lightning_zero.errors import ZeroConfigError
+from lightning_zero.memory.plan import PlanRow
+from lightning_zero.memory.search import (
+    Candidate,
+    Measurement,
+    candidate_from_dict,
+    candidate_to_dict,
+    candidates,
+    choose,
+    format_trials,
+)
+from lightning_zero.memory.states import Layout, ModelStates
+from lightning_zero.strategies.auto import AutoZeroConfig, ZeroAutoStrategy, deepspeed_config_for
+from tests.helpers.launch import run_script
+
+RUNNER = Path(__file__).parent / "helpers" / "fit_run.py"
+STATES = ModelStates(local_parameters=1, optimizer_state=2, device_bytes=0, host_bytes=0, deepspeed_estimate=False)
+
+
+def row(layout: Layout, max_micro_batch: int) -> PlanRow:
+    return PlanRow(layout, STATES, 0, 1, max_micro_batch, fits=max_micro_batch > 0)
+
+
+ZERO2 = Layout("deepspeed", 2)
+ZERO2_OFFLOAD = Layout("deepspeed", 2, offload_optimizer=True)
+ZERO2_OFFLOAD_CKPT = Layout("deepspeed", 2, offload_optimizer=True, activation_checkpointing=True)
+ZERO3_PARTIAL = Layout("deepspeed", 3, offload_optimizer=True, offload_ratio=0.5)
+# GPT-2 XL on a 24 GiB card, as planned: ZeRO-2 does not fit; offload fits 16, with checkpointing 64.
+XL_ROWS = [
+    row(ZERO2, 0),
+    row(ZERO2_OFFLOAD, 16),
+    row(ZERO2_OFFLOAD_CKPT, 64),
+    row(ZERO3_PARTIAL, 8),
+    row(Layout("fsdp2", 3), 40),
+]
+
+
+def test_candidates_keep_the_global_batch_and_pin_offload_on_cuda() -> None:
+    found = candidates(
+        XL_ROWS, world_size=1, global_batch=16, total_parameters=1_560_000_000, on_cuda=True, max_trials=4
+    )
+    assert [(c.layout, c.micro_batch, c.accumulation) for c in found] == [
+        (ZERO2_OFFLOAD, 16, 1),
+        (ZERO2_OFFLOAD_CKPT, 16, 1),
+        (ZERO3_PARTIAL, 8, 2),
+    ]  # FSDP2 is not a zero_auto backend; ZeRO-2 without offload does not fit
+    assert all(c.pin_memory for c in found) and found[0].bucket_size == 200_000_000
+    on_cpu = candidates(XL_ROWS, world_size=1, global_batch=16, total_parameters=3_000_000, on_cuda=False, max_trials=1)
+    assert not on_cpu[0].pin_memory and on_cpu[0].bucket_size == 3 * 2**20
+
+
+def test_batch_size_max_takes_the_largest_micro_batch_first() -> None:
+    found = candidates(XL_ROWS, world_size=1, global_batch="max", total_parameters=10, on_cuda=True, max_trials=2)
+    assert [(c.layout, c.micro_batch, c.accumulation) for c in found] == [
+        (ZERO2_OFFLOAD_CKPT, 64, 1),
+        (ZERO2_OFFLOAD, 16, 1),
+    ]
+
+
+def measured(layout: Layout, micro: int, rate: float, fits: bool = True) -> Measurement:
+    candidate = Candidate(layout, micro, 1, pin_memory=True, bucket_size=1)
+    return Measurement(candidate, fits=fits, samples_per_sec=rate, reason="" if fits else "out of memory")
+
+
+def test_choice_is_the_fastest_that_fits_and_deterministic() -> None:
+    trials = [
+        measured(ZERO2_OFFLOAD, 16, 10.1),
+        measured(ZERO2_OFFLOAD_CKPT, 64, 30.0, fits=False),
+        measured(ZERO3_PARTIAL, 16, 7.9),
+        measured(ZERO2_OFFLOAD_CKPT, 16, 10.1),
+    ]
+    assert choose(trials) is trials[0]  # the tie goes to the earlier candidate
+    assert choose(list(reversed(trials))) is trials[3]
+    assert choose(trials[1:]) is trials[3]
+    table = format_trials(trials, trials[0])
+    assert "-> zero2_offload 16x1 pinned" in table and "no: out of memory" in table
+
+
+def test_nothing_fitting_is_a_one_line_error() -> None:
+    with pytest.raises(ZeroConfigError, match=r"no configuration that fits .*zero2_offload\+ckpt 64x1 pinned: out of"):
+        choose([measured(ZERO2_OFFLOAD_CKPT, 64, 0.0, fits=False)])
+
+
+def test_candidate_round_trips_through_the_cache_format() -> None:
+    candidate = Candidate(ZERO3_PARTIAL, 8, 2, pin_memory=True, bucket_size=2**20)
+    assert candidate_from_dict(json.loads(json.dumps(candidate_to_dict(candidate)))) == candidate
+
+
+def test_config_of_a_candidate_carries_ratio_pinning_and_buckets() -> None:
+    zero, config = deepspeed_config_for(AutoZeroConfig(), Candidate(ZERO3_PARTIAL, 8, 2, True, 2**20))
+    section = config["zero_optimization"]
+    assert (zero.stage, zero.offload_optimizer, zero.pin_memory) == (3, "cpu", True)
+    assert section["offload_optimizer"] == {**section["offload_optimizer"], "ratio": 0.5, "pin_memory": True}
+    assert section["reduce_bucket_size"] == 2**20 and "zenflow" not in section
+
+
+def test_zero_auto_is_a_registered_preset() -> None:
+    trainer = L.Trainer(strategy="zero_auto", accelerator="cpu", devices=2, logger=False)
+    assert isinstance(trainer.strategy, ZeroAutoStrategy)
+    with pytest.raises(ZeroConfigError, match="batch_size"):
+        AutoZeroConfig(batch_size="largest")
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("zero_auto")
+    run_script(RUNNER, str(out), "--scenarios", "auto", "auto_again", "auto_global", timeout=400)
+    return out
+
+
+def result(out: Path, name: str) -> dict[str, Any]:
+    rank0, rank1 = (json.loads((out / f"{name}-rank{rank}.json").read_text()) for rank in (0, 1))
+    assert rank0["chosen"] == rank1["chosen"]
+    return rank0
+
+
+def test_zero_auto_trains_with_the_fastest_trial_keeping_the_global_batch(runs: Path) -> None:
+    first = result(runs, "auto")  # dataloader batch 4 on 2 processes: global batch 8
+    assert (first["micro_batch"], first["accumulation"]) == (4, 1) and len(first["losses"]) == 4
+    fastest = max((t for t in first["tried"] if t[1]), key=lambda t: t[2])
+    assert first["chosen"] == fastest[0] and not first["from_cache"] and len(first["tried"]) == 2
+    assert first["stage"] == int(first["chosen"][4])
+
+
+def test_zero_auto_reuses_its_cached_choice(runs: Path) -> None:
+    first, again = result(runs, "auto"), result(runs, "auto_again")
+    assert again["from_cache"] and again["tried"] == [] and again["chosen"] == first["chosen"]
+    assert again["losses"] == first["losses"]
+
+
+def test_zero_auto_with_a_global_batch(runs: Path) -> None:
+    run = result(runs, "auto_global")  # global 16 on 2 processes: 8 per process, fits without accumulation
+    assert (run["micro_batch"], run["accumulation"], run["module_batch_size"]) == (8, 1, 8)
+    assert not run["from_cache"]  # a different batch is a different cache key
