@@ -9,10 +9,17 @@ import torch
 from torch import nn
 
 from lightning_zero.errors import ZeroConfigError
-from lightning_zero.memory.budget import GIB, apply_memory_budget, check_host_memory, check_model_states_fit
+from lightning_zero.memory.budget import (
+    GIB,
+    apply_memory_budget,
+    cap_device_memory,
+    check_host_memory,
+    check_model_states_fit,
+)
 from lightning_zero.memory.states import Layout, ParameterShapes
 from lightning_zero.strategies.config import ZeroConfig
 from lightning_zero.strategies.deepspeed_config import DeepSpeedZeroConfig
+from tests.helpers.runif import RunIf
 
 #: 2**28 parameters: 4 GiB under DDP in fp32 (16 bytes each), 1 GiB of them per device for a ZeRO-3 shard of 4.
 SHAPES = ParameterShapes(shapes=((2**14, 2**14),), largest_layer=2**28)
@@ -72,3 +79,15 @@ def test_strategies_apply_the_budget_in_setup() -> None:
     apply_memory_budget(strategy(DeepSpeedZeroConfig(stage=3, memory_budget_gib=0.009), model), "deepspeed")
     with pytest.raises(ZeroConfigError, match="use strategy `zero3`"):
         apply_memory_budget(strategy(DeepSpeedZeroConfig(stage=1, memory_budget_gib=0.009), model), "deepspeed")
+
+
+@RunIf(min_cuda_gpus=1)
+def test_cuda_allocations_over_the_budget_fail() -> None:
+    device = torch.device("cuda", 0)
+    cap_device_memory(device, 1.0)
+    try:
+        with pytest.raises(torch.OutOfMemoryError):
+            torch.empty(int(1.5 * GIB), dtype=torch.uint8, device=device)
+        torch.empty(int(0.5 * GIB), dtype=torch.uint8, device=device)
+    finally:
+        torch.cuda.set_per_process_memory_fraction(1.0, device)

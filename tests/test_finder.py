@@ -15,7 +15,7 @@ from lightning_zero.errors import ZeroConfigError
 from tests.helpers.launch import run_script
 
 RUNNER = Path(__file__).parent / "helpers" / "fit_run.py"
-SCENARIOS = ("budget", "oom", "oom_ddp", "global", "plain")
+SCENARIOS = ("budget", "oom", "oom_ddp", "global", "plain", "over_budget")
 
 
 @pytest.fixture(scope="module")
@@ -49,6 +49,12 @@ def test_global_batch_is_kept_and_trials_leave_no_trace(runs: Path) -> None:
     assert (rank0["micro_batch"], rank0["accumulation"], rank0["trainer_accumulation"]) == (4, 2, 2)
     plain, _ = both_ranks(runs, "plain")  # ZeRO-2 from scratch at batch 4 x 2: the same losses, bit for bit
     assert rank0["losses"] == plain["losses"] and len(plain["losses"]) == 8
+
+
+def test_a_strategy_refuses_model_states_over_its_budget_on_every_rank(runs: Path) -> None:
+    for rank in both_ranks(runs, "over_budget"):
+        assert rank["error"] is not None and rank["error"].startswith("zero1 needs 0.01 MiB per device")
+        assert "use strategy `zero" not in rank["error"] and "no layout fits on 2 device(s)" in rank["error"]
 
 
 def test_search_doubles_then_bisects() -> None:

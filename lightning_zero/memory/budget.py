@@ -41,6 +41,11 @@ ESCALATION: dict[str, tuple[tuple[str, Layout], ...]] = {
 }
 
 
+def readable_size(num_bytes: float) -> str:
+    """``num_bytes`` in GiB, or in MiB below a hundredth of a GiB."""
+    return f"{num_bytes / GIB:.2f} GiB" if num_bytes >= GIB / 100 else f"{num_bytes / 2**20:.2f} MiB"
+
+
 def layout_of(backend: str, zero: Any) -> Layout:
     """The :class:`Layout` a backend's ZeRO config asks for."""
     return Layout(
@@ -65,7 +70,7 @@ def check_host_memory(needed_bytes: int, what: str, available_bytes: int | None 
     available = psutil.virtual_memory().available if available_bytes is None else available_bytes
     if needed_bytes > available:
         raise ZeroConfigError(
-            f"{what} needs {needed_bytes / GIB:.2f} GiB of host RAM but {available / GIB:.2f} GiB is free:"
+            f"{what} needs {readable_size(needed_bytes)} of host RAM but {readable_size(available)} is free:"
             " free host memory, use more hosts, or offload to NVMe."
         )
 
@@ -89,7 +94,7 @@ def check_model_states_fit(
     states = model_states(shapes, layout, devices, nodes, precision)
     if states.device_bytes <= budget:
         return states
-    need = f"{layout.name} needs {states.device_bytes / GIB:.2f} GiB per device for the model states alone"
+    need = f"{layout.name} needs {readable_size(states.device_bytes)} per device for the model states alone"
     found = smallest_fitting(shapes, layout.backend, budget, devices, nodes, precision)
     if found is None:
         raise ZeroConfigError(
@@ -99,7 +104,7 @@ def check_model_states_fit(
     name, fitting = found
     raise ZeroConfigError(
         f"{need}, over `memory_budget_gib: {budget_gib:g}`: use strategy `{name}`"
-        f" ({fitting.device_bytes / GIB:.2f} GiB) or raise the budget."
+        f" ({readable_size(fitting.device_bytes)}) or raise the budget."
     )
 
 

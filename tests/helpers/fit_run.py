@@ -24,6 +24,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 import lightning_zero  # noqa: F401  (registers the presets)
 from lightning_zero.callbacks.batch_size import ZeroBatchSizeFinder
+from lightning_zero.errors import ZeroConfigError
 from lightning_zero.strategies import build_preset
 
 MIB_PER_SAMPLE = 1
@@ -71,7 +72,7 @@ def within_emulated_budget(trainer: L.Trainer, module: L.LightningModule, micro_
     return module.used_mib <= BUDGET_MIB[trainer.global_rank]
 
 
-def trainer_for(strategy: str, callbacks: list[Any], accumulate: int = 1) -> L.Trainer:
+def trainer_for(strategy: Any, callbacks: list[Any], accumulate: int = 1) -> L.Trainer:
     return L.Trainer(
         accelerator="cpu",
         devices=2,
@@ -139,7 +140,18 @@ def run_auto(cache_file: Path, batch_size: int | str | None) -> dict[str, Any]:
     }
 
 
+def run_over_budget() -> dict[str, Any]:
+    """A real set-up with model states over the budget: the strategy's one-line error, on every rank."""
+    try:
+        trainer_for(build_preset("zero1", memory_budget_gib=1e-6), []).fit(Hungry())
+    except ZeroConfigError as error:
+        return {"error": str(error)}
+    return {"error": None}
+
+
 def scenario(name: str, out: Path) -> dict[str, Any]:
+    if name == "over_budget":
+        return run_over_budget()
     if name in ("auto", "auto_again"):
         return run_auto(out / "zero_auto_cache.json", batch_size=None)
     if name == "auto_global":
