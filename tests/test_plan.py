@@ -22,7 +22,6 @@ from tests.helpers.tiny import TinyLM
 RUNNER = Path(__file__).parent / "helpers" / "parity_run.py"
 CLI_TINY = Path(__file__).parent / "data" / "cli_tiny.yaml"
 MEASURED = {
-    "ddp": Layout("ddp", 0),
     "zero1": Layout("deepspeed", 1),
     "zero3": Layout("deepspeed", 3),
     "zero2_fairscale": Layout("fairscale", 2),
