@@ -190,9 +190,15 @@ class ZeroAutoStrategy(ZeroStrategy):
             dataclasses.replace(row, max_micro_batch=min(row.max_micro_batch, self.auto.max_micro_batch))
             for row in rows
         ]
-        return candidates(
+        found = candidates(
             rows, self.world_size, global_batch, shapes.total, self.root_device.type == "cuda", self.auto.max_trials
         )
+        fitting = sum(row.max_micro_batch >= 1 for row in rows)
+        rank_zero_info(
+            f"zero_auto: the plan fits {fitting} of {len(rows)} DeepSpeed layouts in {self._budget_gib():g} GiB;"
+            f" timing {len(found)} (no offload first, then larger micro-batches)."
+        )
+        return found
 
     def measure(self, trainer: Any, module: LightningModule, batch: Any, candidate: Candidate) -> Measurement:
         """Time ``trial_steps`` optimizer steps of ``candidate`` on a copy of ``module``; collective on all ranks."""
@@ -205,6 +211,8 @@ class ZeroAutoStrategy(ZeroStrategy):
             gradient_clip_val=trainer.gradient_clip_val,
             precision=str(self.precision_plugin.precision),
         )
+        # The peak is counted above what is allocated now (the model the run will train is already resident).
+        baseline = self._reset_peak()
         trial = _copy_of(module, trainer)
         if zero.activation_checkpointing:
             enable_activation_checkpointing(trial)
@@ -213,8 +221,6 @@ class ZeroAutoStrategy(ZeroStrategy):
         if zero.offloads and cpu_adam.is_swappable(optimizer):
             optimizer = cpu_adam.to_cpu_adam(optimizer)
         samples = self.precision_plugin.convert_input(take_samples(batch, candidate.micro_batch))
-        if self.root_device.type == "cuda":
-            torch.cuda.reset_peak_memory_stats(self.root_device)
         engine = None
         ok, reason, seconds = True, "", 0.0
         try:
@@ -239,7 +245,7 @@ class ZeroAutoStrategy(ZeroStrategy):
             if self.root_device.type == "cuda":
                 torch.cuda.empty_cache()
         if ok and self.root_device.type == "cuda":
-            peak = torch.cuda.max_memory_allocated(self.root_device)
+            peak = torch.cuda.max_memory_allocated(self.root_device) - baseline
             ok, reason = peak <= self._budget_gib() * GIB, f"peak {peak / GIB:.1f} GiB over the budget"
         ok = self.reduce_boolean_decision(ok, all=True)
         samples_seen = candidate.micro_batch * candidate.accumulation * self.world_size * self.auto.trial_steps
@@ -258,6 +264,13 @@ class ZeroAutoStrategy(ZeroStrategy):
                 engine.step()
         self._synchronize()
         return time.perf_counter() - start
+
+    def _reset_peak(self) -> int:
+        """Reset the CUDA peak statistics; the bytes allocated now (0 off CUDA)."""
+        if self.root_device.type != "cuda":
+            return 0
+        torch.cuda.reset_peak_memory_stats(self.root_device)
+        return torch.cuda.memory_allocated(self.root_device)
 
     def _synchronize(self) -> None:
         if self.root_device.type == "cuda":
