@@ -115,6 +115,16 @@ def test_plan_command_prints_a_table(capsys: pytest.CaptureFixture[str]) -> None
     assert zero3.split()[1] == "14528" and zero3.split()[-1] == "yes"
 
 
-def test_plan_command_errors_in_one_line(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["plan", "--config", "missing.yaml", "--budget-gib", "1"]) == 2
-    assert capsys.readouterr().err.count("\n") == 1
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--config", "missing.yaml", "--budget-gib", "1"], "does not exist"),
+        (["--budget-gib", "1"], "plan needs a config"),
+        (["--config", str(CLI_TINY), "--budget-gib", "-1"], "must be positive"),
+        (["--config", str(CLI_TINY), "--budget", "1"], "unknown arguments"),
+    ],
+)
+def test_plan_command_errors_in_one_line(capsys: pytest.CaptureFixture[str], args: list[str], message: str) -> None:
+    assert main(["plan", *args]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and message in err

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
 from typing import Any
 
 import lightning as L
@@ -73,6 +74,17 @@ def test_module_flops_are_kept(one_thread: None) -> None:
     assert module.flops_per_batch == 1e9
     assert float(trainer.callback_metrics["tflops_per_device"]) > 0
     assert "samples_per_sec" not in trainer.progress_bar_metrics
+
+
+def test_deepspeed_skipped_steps_are_reported() -> None:
+    monitor = ZeroThroughputMonitor()
+    monitor._steps.append((0.5, 0.25, 8, 128))
+    engine = SimpleNamespace(skipped_steps=3)
+    trainer = SimpleNamespace(
+        world_size=2, strategy=SimpleNamespace(deepspeed_engine=engine, root_device=torch.device("cpu"))
+    )
+    metrics = monitor.step_metrics(trainer, nn.Module())  # type: ignore[arg-type]
+    assert metrics == {"samples_per_sec": 32.0, "optimizer_share": 0.5, "tokens_per_sec": 512.0, "skipped_steps": 3.0}
 
 
 def test_batch_counting() -> None:

@@ -269,16 +269,20 @@ def _positive(kind: type) -> Any:
 def main(argv: Sequence[str]) -> int:
     """``lightning-zero plan``: print the table for a config; exit status 0."""
     parser = argparse.ArgumentParser(
-        prog="lightning-zero plan", description=__doc__.splitlines()[0], exit_on_error=False
+        prog="lightning-zero plan", description=__doc__.splitlines()[0], exit_on_error=False, allow_abbrev=False
     )
-    parser.add_argument("--config", required=True, help="a fit YAML config (model and data are built from it)")
+    parser.add_argument("--config", help="a fit YAML config (model and data are built from it)")
     parser.add_argument("--budget-gib", type=_positive(float), help="memory per device; default: config or device")
     parser.add_argument("--devices", type=_positive(int), help="devices per node; default: the config's")
     parser.add_argument("--nodes", type=_positive(int), help="nodes; default: the config's")
     try:
-        args = parser.parse_args(list(argv))
+        args, unknown = parser.parse_known_args(list(argv))
     except argparse.ArgumentError as error:
         raise ZeroConfigError(f"plan: {error}") from None
+    if unknown:
+        raise ZeroConfigError(f"plan: unknown arguments {unknown}: use --config, --budget-gib, --devices, --nodes.")
+    if args.config is None:
+        raise ZeroConfigError("plan needs a config: lightning-zero plan --config X.yaml [--budget-gib 24].")
     result = plan_for_config(args.config, args.budget_gib, args.devices, args.nodes)
     print(
         f"{result.devices} device(s) x {result.nodes} node(s), {result.precision};"
