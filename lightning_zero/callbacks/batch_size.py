@@ -21,7 +21,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from contextlib import contextmanager
 from typing import Any
-from unittest.mock import patch
 
 import torch
 from lightning.pytorch import Callback, LightningModule, Trainer
@@ -29,7 +28,7 @@ from lightning.pytorch.utilities.parsing import lightning_getattr, lightning_has
 
 from lightning_zero.errors import ZeroConfigError
 from lightning_zero.memory.budget import GIB, cap_device_memory
-from lightning_zero.memory.probe import take_samples
+from lightning_zero.memory.probe import logging_silenced, take_samples
 
 FitsCheck = Callable[[Trainer, LightningModule, int], bool]
 
@@ -60,10 +59,6 @@ def split_global_batch(global_batch: int, world_size: int, max_micro_batch: int)
     per_rank = global_batch // world_size
     micro = max(b for b in range(1, min(per_rank, max_micro_batch) + 1) if per_rank % b == 0)
     return micro, per_rank // micro
-
-
-def _ignore_log(*args: Any, **kwargs: Any) -> None:
-    """Stands in for ``LightningModule.log`` during trials: nothing is logged."""
 
 
 class ZeroBatchSizeFinder(Callback):
@@ -148,7 +143,7 @@ class ZeroBatchSizeFinder(Callback):
         samples = take_samples(batch, size)
         loss: Any = None
         try:
-            with patch.object(pl_module, "log", _ignore_log):
+            with logging_silenced(pl_module):
                 output = strategy.training_step(samples, 0)
             loss = output["loss"] if isinstance(output, dict) else output
             ok = True

@@ -31,6 +31,7 @@ from lightning.pytorch.callbacks import ThroughputMonitor
 from torch.optim import Optimizer
 
 from lightning_zero.memory.budget import GIB
+from lightning_zero.memory.probe import training_loss
 
 #: Backward costs about twice the forward; recomputing activations adds one more forward.
 BACKWARD_FACTOR = 3
@@ -66,8 +67,6 @@ def tokens_in(batch: Any) -> int:
 
 def forward_flops(module: LightningModule, batch: Any) -> int:
     """FLOPs of one forward of ``module``'s training step on ``batch`` (no gradients, nothing logged)."""
-    from lightning_zero.memory.plan import training_loss
-
     loss = training_loss(module)
     with torch.no_grad():
         return int(measure_flops(module, lambda: loss(batch)))

@@ -19,11 +19,10 @@ from __future__ import annotations
 import argparse
 import math
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-from unittest.mock import patch
 
 import torch
 import yaml
@@ -31,7 +30,7 @@ from lightning.pytorch import LightningModule
 
 from lightning_zero.errors import ZeroConfigError
 from lightning_zero.memory.budget import GIB
-from lightning_zero.memory.probe import ActivationProbe, probe_activations, to_device
+from lightning_zero.memory.probe import ActivationProbe, probe_activations, to_device, training_loss
 from lightning_zero.memory.states import Layout, ModelStates, ParameterShapes, Precision, model_states
 
 #: Share of the budget kept free for allocator fragmentation and framework workspaces.
@@ -157,24 +156,6 @@ def format_plan(rows: Sequence[PlanRow], budget_gib: float, micro_batch: int) ->
     widths = [max(len(line[i]) for line in table) for i in range(len(header))]
     lines += ["  ".join(cell.ljust(width) for cell, width in zip(line, widths, strict=True)).rstrip() for line in table]
     return "\n".join(lines)
-
-
-def _ignore_log(*args: Any, **kwargs: Any) -> None:
-    """Stands in for ``LightningModule.log`` while probing: there is no loop to log into."""
-
-
-def training_loss(module: LightningModule) -> Any:
-    """A function of a batch returning ``module``'s training loss (``training_step`` outside a fit loop)."""
-
-    def loss(batch: Any) -> torch.Tensor:
-        with patch.object(module, "log", _ignore_log):
-            out = module.training_step(batch, 0)
-        value = out["loss"] if isinstance(out, Mapping) else out
-        if not isinstance(value, torch.Tensor):
-            raise ZeroConfigError(f"{type(module).__name__}.training_step must return the loss to be planned.")
-        return value
-
-    return loss
 
 
 @dataclass(frozen=True)

@@ -13,13 +13,16 @@ Two batch sizes (1 and 2 samples) give the per-sample slope and the fixed part.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
+from unittest.mock import patch
 
 import torch
+from lightning.pytorch import LightningModule
 from torch import nn
 
+from lightning_zero.errors import ZeroConfigError
 from lightning_zero.strategies.blocks import enable_activation_checkpointing, transformer_blocks
 
 LossFn = Callable[[Any], torch.Tensor]
@@ -52,6 +55,31 @@ def take_samples(batch: Any, count: int) -> Any:
     if isinstance(batch, (list, tuple)):
         return type(batch)(take_samples(value, count) for value in batch)
     return batch
+
+
+def _ignore_log(*args: Any, **kwargs: Any) -> None:
+    """Stands in for ``LightningModule.log`` outside the fit loop: there is nothing to log into."""
+
+
+@contextlib.contextmanager
+def logging_silenced(module: nn.Module) -> Iterator[None]:
+    """Make ``module.log(...)`` a no-op inside the block (to run ``training_step`` outside the fit loop)."""
+    with patch.object(module, "log", _ignore_log):
+        yield
+
+
+def training_loss(module: LightningModule) -> LossFn:
+    """A function of a batch returning ``module.training_step``'s loss, run outside the fit loop."""
+
+    def loss(batch: Any) -> torch.Tensor:
+        with logging_silenced(module):
+            out = module.training_step(batch, 0)
+        value = out["loss"] if isinstance(out, Mapping) else out
+        if not isinstance(value, torch.Tensor):
+            raise ZeroConfigError(f"{type(module).__name__}.training_step must return the loss.")
+        return value
+
+    return loss
 
 
 def to_device(batch: Any, device: torch.device) -> Any:

@@ -37,8 +37,8 @@ from lightning_zero.callbacks.batch_size import is_out_of_memory
 from lightning_zero.callbacks.throughput import first_tensor, samples_in
 from lightning_zero.errors import ZeroConfigError
 from lightning_zero.memory.budget import GIB
-from lightning_zero.memory.plan import candidate_layouts, make_plan, training_loss
-from lightning_zero.memory.probe import probe_activations, take_samples, to_device
+from lightning_zero.memory.plan import candidate_layouts, make_plan
+from lightning_zero.memory.probe import probe_activations, take_samples, to_device, training_loss
 from lightning_zero.memory.search import (
     MAX,
     Candidate,
