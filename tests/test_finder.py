@@ -15,7 +15,7 @@ from lightning_zero.errors import ZeroConfigError
 from tests.helpers.launch import run_script
 
 RUNNER = Path(__file__).parent / "helpers" / "fit_run.py"
-SCENARIOS = ("budget", "oom", "oom_ddp", "global", "plain", "over_budget")
+SCENARIOS = ("budget", "oom", "oom_ddp", "global", "plain", "global_zero3", "plain_zero3", "over_budget")
 
 
 @pytest.fixture(scope="module")
@@ -44,10 +44,11 @@ def test_an_out_of_memory_error_on_one_rank_stops_both(runs: Path, name: str) ->
     assert rank0["tried"] == rank1["tried"] and rank0["tried"]["6"] is False
 
 
-def test_global_batch_is_kept_and_trials_leave_no_trace(runs: Path) -> None:
-    rank0, _ = both_ranks(runs, "global")  # 16 over 2 ranks = 8 per rank; 6 fits: 4 x 2 accumulation
+@pytest.mark.parametrize("suffix", ["", "_zero3"], ids=["zero2", "zero3"])
+def test_global_batch_is_kept_and_trials_leave_no_trace(runs: Path, suffix: str) -> None:
+    rank0, _ = both_ranks(runs, f"global{suffix}")  # 16 over 2 ranks = 8 per rank; 6 fits: 4 x 2 accumulation
     assert (rank0["micro_batch"], rank0["accumulation"], rank0["trainer_accumulation"]) == (4, 2, 2)
-    plain, _ = both_ranks(runs, "plain")  # ZeRO-2 from scratch at batch 4 x 2: the same losses, bit for bit
+    plain, _ = both_ranks(runs, f"plain{suffix}")  # from scratch at batch 4 x 2: the same losses, bit for bit
     assert rank0["losses"] == plain["losses"] and len(plain["losses"]) == 8
 
 

@@ -162,11 +162,11 @@ def scenario(name: str, out: Path) -> dict[str, Any]:
         return run_finder("zero2", ZeroBatchSizeFinder(max_batch_size=32), oom_above=OOM_ABOVE)
     if name == "oom_ddp":
         return run_finder("ddp", ZeroBatchSizeFinder(max_batch_size=32), oom_above=OOM_ABOVE)
-    if name == "global":
+    if name in ("global", "global_zero3"):
         finder = ZeroBatchSizeFinder(max_batch_size=32, global_batch_size=16, fits=within_emulated_budget)
-        return run_finder("zero2", finder)
-    if name == "plain":
-        return run_plain("zero2", batch_size=4, accumulate=2)
+        return run_finder("zero3" if name.endswith("zero3") else "zero2", finder)
+    if name in ("plain", "plain_zero3"):
+        return run_plain("zero3" if name.endswith("zero3") else "zero2", batch_size=4, accumulate=2)
     raise SystemExit(f"unknown scenario {name}")
 
 
