@@ -5,10 +5,11 @@ Lightning restores the model, optimizers, LR schedulers and loop counters, but o
 * a plain ``DataLoader`` (not stateful) restarts the interrupted epoch from its first batch, so a checkpoint
   written mid-epoch (``ModelCheckpoint(every_n_train_steps=...)``) replays batches and skips others;
 * RNG states (dropout, samplers without a fixed seed) are not saved;
-* a ``max_steps`` run whose checkpoint was written in ``on_train_epoch_end`` resumes wrongly: for iteration-based
-  training ``FitLoop.restarting`` is forced on, so the finished epoch is taken as interrupted at its last batch;
-  the resumed run counts that epoch's batches as fetched, reads the loader again as the tail of the old epoch,
-  and then starts another epoch: one epoch too far, on the wrong samples.
+* a ``max_steps`` run whose checkpoint was written in ``on_train_epoch_end`` resumes wrongly. For iteration-based
+  training ``FitLoop.restarting`` is forced on, so an epoch that ended is taken as restarted "on epoch end" with
+  its batch counters not reset: the resumed run counts that epoch's batches as fetched, reads the loader again as
+  the tail of the old epoch, then starts another epoch (one epoch too far, on the wrong samples). Where
+  ``max_steps`` cut the epoch short, the rest of it is skipped.
 
 :class:`ExactResume` fixes the three. Add it next to your ``ModelCheckpoint`` (the ``lightning-zero`` CLI adds
 it for you). Skipped batches are read from the loader again (so random transforms draw the same numbers) but
@@ -25,6 +26,7 @@ from typing import Any
 import lightning as L
 import numpy as np
 import torch
+from lightning.fabric.utilities.data import _set_sampler_epoch
 from lightning.pytorch.callbacks import Callback
 
 _KEY = "lightning_zero_rng"
@@ -58,11 +60,12 @@ def _gather(state: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def fix_epoch_end_loop_state(loops: dict[str, Any]) -> bool:
-    """Rewrite a checkpoint's loop state written in ``on_train_epoch_end`` into the equivalent state written in
-    ``on_train_batch_end`` of the epoch's last batch, which Lightning resumes correctly; True if rewritten."""
+    """Rewrite a checkpoint's loop state written in ``on_train_epoch_end`` (at the epoch's end, or where ``max_steps``
+    cut it short) into the state written in ``on_train_batch_end`` of the same batch, which Lightning resumes
+    correctly (with :class:`ExactResume` continuing a cut-short epoch where it stopped); True if rewritten."""
     fit = loops.get("fit_loop", {})
     epochs, batches = fit.get("epoch_progress"), fit.get("epoch_loop.batch_progress")
-    if not epochs or not batches or not batches.get("is_last_batch"):
+    if not epochs or not batches:
         return False
     epoch_total, batch_total = epochs["total"], batches["total"]
     finished_epoch_not_completed = epoch_total["processed"] == epoch_total["started"] == epoch_total["completed"] + 1
@@ -138,6 +141,8 @@ class ExactResume(Callback):
         if not mid_epoch or combined is None or fetcher is None:
             set_rng_state(loaded["now"])
             return
+        for loader in combined.flattened:  # Lightning sets the epoch after `on_train_start`, too late for us
+            _set_sampler_epoch(loader, fit_loop.epoch_progress.current.processed)
         combined.flattened = [
             _FastForward(loader, done, loaded["epoch_start"], loaded["now"]) for loader in combined.flattened
         ]
