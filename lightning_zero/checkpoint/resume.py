@@ -34,7 +34,8 @@ _KEY = "lightning_zero_rng"
 
 def rng_state() -> dict[str, Any]:
     """This process's torch, numpy and Python RNG states, in types that ``torch.load(weights_only=True)`` reads."""
-    kind, keys, position, has_gauss, gauss = np.random.get_state()
+    kind, keys, position, has_gauss, gauss = np.random.get_state(legacy=True)
+    assert isinstance(keys, np.ndarray)
     return {
         "torch": torch.get_rng_state(),
         "numpy": [kind, torch.from_numpy(keys.astype(np.int64)), position, has_gauss, gauss],
@@ -135,14 +136,14 @@ class ExactResume(Callback):
         if loaded is None:
             return
         fit_loop = trainer.fit_loop
-        done = fit_loop.epoch_loop.batch_progress.current.processed
+        done = fit_loop.epoch_loop.batch_progress.current.ready  # batches trained in the interrupted epoch
         mid_epoch = fit_loop.restarted_mid_epoch and 0 < done < trainer.num_training_batches
         combined, fetcher = fit_loop._combined_loader, fit_loop._data_fetcher
         if not mid_epoch or combined is None or fetcher is None:
             set_rng_state(loaded["now"])
             return
         for loader in combined.flattened:  # Lightning sets the epoch after `on_train_start`, too late for us
-            _set_sampler_epoch(loader, fit_loop.epoch_progress.current.processed)
+            _set_sampler_epoch(loader, fit_loop.epoch_progress.current.processed)  # type: ignore[attr-defined]
         combined.flattened = [
             _FastForward(loader, done, loaded["epoch_start"], loaded["now"]) for loader in combined.flattened
         ]

@@ -8,12 +8,17 @@ A run is ``KIND:STRATEGY`` (a Lightning strategy name or preset); rank 0 writes 
   uninterrupted run; then a fresh module (weights perturbed) and Trainer resume with ``ckpt_path="last"`` (the
   checkpoint at the last multiple of ``--every``, mid-epoch) to ``--steps``. Saved: both runs' final state dicts,
   losses, batch fingerprints and learning rates. Checkpoints stay in ``OUT_DIR/ckpt-<strategy>``.
+* ``killed``: the same first run, but during the save at step 10 rank 1 writes its pid to ``OUT_DIR/saving-pid``
+  once its shards are written and then sleeps, for the test to ``kill -9`` it there (no result file).
+* ``restart``: after ``killed``, the same command again with ``ckpt_path="last"``: its final state.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +31,7 @@ from torch.utils.data import DataLoader
 from transformers import GPT2LMHeadModel
 
 import lightning_zero  # noqa: F401  (registers the presets)
+from lightning_zero.checkpoint import atomic
 from lightning_zero.checkpoint.resume import ExactResume
 from tests.helpers.tiny import TinyLM, tiny_gpt2_config, token_data
 
@@ -105,7 +111,32 @@ def resume(spec: str, args: argparse.Namespace) -> dict[str, Any] | None:
     return {"uninterrupted": uninterrupted, "resumed": resumed} if trainer.is_global_zero else None
 
 
-KINDS = {"resume": resume}
+def killed(spec: str, args: argparse.Namespace) -> None:
+    wait_in_save(args.out / "saving-pid", step=2 * args.every)
+    fit(spec, args.devices, args.steps, checkpointing(args.out / f"ckpt-{spec}", args.every))
+
+
+def wait_in_save(marker: Path, step: int) -> None:
+    """Make rank 1 stop for good in the save at ``step``, after writing, before the checkpoint is published."""
+    fsync_tree = atomic.fsync_tree
+
+    def stalling_fsync_tree(path: Path) -> None:
+        fsync_tree(path)
+        if path.name.endswith(f"step={step}.ckpt{atomic.PARTIAL_SUFFIX}") and torch.distributed.get_rank() == 1:
+            marker.write_text(str(os.getpid()))
+            time.sleep(3600)
+
+    atomic.fsync_tree = stalling_fsync_tree  # type: ignore[assignment]
+
+
+def restart(spec: str, args: argparse.Namespace) -> dict[str, Any] | None:
+    directory = args.out / f"ckpt-{spec}"
+    trainer, module = fit(spec, args.devices, args.steps, checkpointing(directory, args.every), ckpt_path="last")
+    result = summary(trainer, module)
+    return result if trainer.is_global_zero else None
+
+
+KINDS = {"resume": resume, "killed": killed, "restart": restart}
 
 
 def main() -> None:
