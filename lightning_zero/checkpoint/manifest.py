@@ -97,3 +97,14 @@ def read_manifest(directory: Path) -> Manifest | None:
         return Manifest.from_dict(json.loads(path.read_text()))
     except (json.JSONDecodeError, TypeError, KeyError) as error:
         raise ValueError(f"{path} is not a lightning-zero manifest ({error})") from None
+
+
+def checkpoint_manifest(path: Path) -> Manifest | None:
+    """The manifest of a checkpoint directory or file (``None`` if it has none, e.g. written by plain Lightning)."""
+    if path.is_dir():
+        return read_manifest(path)
+    import torch
+
+    content = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    entry = content.get(CHECKPOINT_KEY) if isinstance(content, dict) else None
+    return Manifest.from_dict(entry) if isinstance(entry, dict) else None

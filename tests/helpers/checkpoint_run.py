@@ -11,6 +11,12 @@ A run is ``KIND:STRATEGY`` (a Lightning strategy name or preset); rank 0 writes 
 * ``killed``: the same first run, but during the save at step 10 rank 1 writes its pid to ``OUT_DIR/saving-pid``
   once its shards are written and then sleeps, for the test to ``kill -9`` it there (no result file).
 * ``restart``: after ``killed``, the same command again with ``ckpt_path="last"``: its final state.
+* ``prune``: 6 steps with a checkpoint every 2 and ``save_top_k=1``; the directory is left for the test to list.
+* ``plain``: the first run of ``resume`` with the dropout-free, unshuffled ``ShortEpochLM`` (so that one process
+  with twice the batch sees the same samples and numbers): its result; checkpoints in ``ckpt-plain-<strategy>``.
+* ``cross``: ``SOURCE>TARGET``: after ``plain`` of SOURCE at 2 processes, ``--devices 1`` resumes its step-10
+  checkpoint under TARGET with batch 8 to ``--steps``. ``cross-fresh-optimizer`` does the same but empties the
+  optimizer state after loading (what a loader that dropped it would do), for the test to tell the two apart.
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ import argparse
 import os
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -26,13 +33,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import lightning as L
 import torch
-from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from torch.utils.data import DataLoader
 from transformers import GPT2LMHeadModel
 
 import lightning_zero  # noqa: F401  (registers the presets)
 from lightning_zero.checkpoint import atomic
 from lightning_zero.checkpoint.resume import ExactResume
+from tests.helpers.backend_runs import ShortEpochLM
 from tests.helpers.tiny import TinyLM, tiny_gpt2_config, token_data
 
 SAMPLES = 48  # 6 steps an epoch at 2 processes x 4 samples
@@ -136,7 +144,51 @@ def restart(spec: str, args: argparse.Namespace) -> dict[str, Any] | None:
     return result if trainer.is_global_zero else None
 
 
-KINDS = {"resume": resume, "killed": killed, "restart": restart}
+def prune(spec: str, args: argparse.Namespace) -> None:
+    saver = ModelCheckpoint(dirpath=args.out / f"ckpt-prune-{spec}", every_n_train_steps=2, save_top_k=1)
+    L.seed_everything(7, verbose=False)
+    make_trainer(spec, args.devices, 6, [saver]).fit(DropoutLM())
+
+
+def plain(spec: str, args: argparse.Namespace) -> dict[str, Any] | None:
+    L.seed_everything(7, verbose=False)
+    module = ShortEpochLM()
+    trainer = make_trainer(spec, args.devices, args.steps, checkpointing(args.out / f"ckpt-plain-{spec}", args.every))
+    trainer.fit(module)
+    result = {"state_dict": full_state(trainer, module), "losses": module.losses}
+    return result if trainer.is_global_zero else None
+
+
+class _ForgetOptimizerState(Callback):
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        for optimizer in trainer.optimizers:
+            optimizer.state.clear()
+
+
+def cross(pair: str, args: argparse.Namespace, forget: bool = False) -> dict[str, Any] | None:
+    source, target = pair.split(">")
+    path = args.out / f"ckpt-plain-{source}" / f"epoch=1-step={2 * args.every}.ckpt"
+    L.seed_everything(7, verbose=False)
+    module = ShortEpochLM(batch_size=8)
+    callbacks = [ExactResume(), *([_ForgetOptimizerState()] if forget else [])]
+    trainer = make_trainer(target, 1, args.steps, callbacks)
+    trainer.fit(module, ckpt_path=str(path))
+    return {"state_dict": full_state(trainer, module), "losses": module.losses}
+
+
+def cross_fresh_optimizer(pair: str, args: argparse.Namespace) -> dict[str, Any] | None:
+    return cross(pair, args, forget=True)
+
+
+KINDS: dict[str, Callable[[str, argparse.Namespace], dict[str, Any] | None]] = {
+    "resume": resume,
+    "killed": killed,
+    "restart": restart,
+    "prune": prune,
+    "plain": plain,
+    "cross": cross,
+    "cross-fresh-optimizer": cross_fresh_optimizer,
+}
 
 
 def main() -> None:
@@ -153,7 +205,7 @@ def main() -> None:
         kind, spec = run.split(":", 1)
         result = KINDS[kind](spec, args)
         if result is not None:
-            torch.save(result, args.out / f"{kind}-{spec}.pt")
+            torch.save(result, args.out / f"{kind}-{spec.replace('>', '-to-')}.pt")
 
 
 if __name__ == "__main__":
