@@ -213,30 +213,34 @@ def test_consolidate_command_writes_a_weights_only_torch_file_in_bf16(resumed: P
 FRESH_INTERPRETER = """
 import sys, torch
 from transformers import AutoModelForCausalLM
-model = AutoModelForCausalLM.from_pretrained(sys.argv[1])
-with torch.no_grad():
-    torch.save(model(torch.load(sys.argv[2])).logits, sys.argv[3])
+ids = torch.load(sys.argv[1])
+for export in sys.argv[2:]:
+    with torch.no_grad():
+        torch.save(AutoModelForCausalLM.from_pretrained(export)(ids).logits, export + "/logits.pt")
 assert not [name for name in sys.modules if name.startswith("lightning_zero")]
 """
+EXPORTED = ["zero3_fsdp", "zero3_offload"]
 
 
-@pytest.mark.parametrize("name", ["zero3_fsdp", "zero3_offload"])
 def test_hf_dir_loads_with_from_pretrained_in_a_fresh_interpreter_with_the_same_logits(
-    resumed: Path, tmp_path: Path, name: str
+    resumed: Path, tmp_path: Path
 ) -> None:
-    export = tmp_path / "hf"
-    consolidate(resumed / f"ckpt-{name}" / "last.ckpt", hf_dir=export)
-    assert (export / "config.json").is_file() and list(export.glob("*.safetensors"))
+    exports = [tmp_path / name for name in EXPORTED]
+    for name, export in zip(EXPORTED, exports, strict=True):
+        consolidate(resumed / f"ckpt-{name}" / "last.ckpt", hf_dir=export)
+        assert (export / "config.json").is_file() and list(export.glob("*.safetensors"))
     ids = torch.arange(32).reshape(2, 16) % 96
     torch.save(ids, tmp_path / "ids.pt")
-    command = [sys.executable, "-c", FRESH_INTERPRETER, str(export), str(tmp_path / "ids.pt"), str(tmp_path / "out.pt")]
+    command = [sys.executable, "-c", FRESH_INTERPRETER, str(tmp_path / "ids.pt"), *map(str, exports)]
     subprocess.run(command, cwd=tmp_path, check=True, timeout=120)
-    trained = DropoutLM().eval()
-    state = torch.load(resumed / f"resume-{name}.pt", weights_only=False)["uninterrupted"]["state_dict"]
-    trained.load_state_dict(state)
-    with torch.no_grad():
-        expected = trained.model(ids).logits
-    torch.testing.assert_close(torch.load(tmp_path / "out.pt"), expected, atol=1e-6, rtol=0)
+    for name, export in zip(EXPORTED, exports, strict=True):
+        trained = DropoutLM().eval()
+        trained.load_state_dict(
+            torch.load(resumed / f"resume-{name}.pt", weights_only=False)["uninterrupted"]["state_dict"]
+        )
+        with torch.no_grad():
+            expected = trained.model(ids).logits
+        torch.testing.assert_close(torch.load(export / "logits.pt"), expected, atol=1e-6, rtol=0)
 
 
 def test_save_top_k_prunes_sharded_directories(resumed: Path) -> None:

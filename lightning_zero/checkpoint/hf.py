@@ -27,13 +27,18 @@ def hf_record(module: nn.Module) -> dict[str, Any] | None:
     attribute, model = found
     record: dict[str, Any] = {
         "attribute": attribute,
-        "class": type(model).__name__,
+        "class": _transformers_class(model).__name__,
         "config": model.config.to_json_string(use_diff=False),
     }
     tokenizer = getattr(module, "tokenizer", None)
     if isinstance(tokenizer, PreTrainedTokenizerBase):
         record["tokenizer"] = _files_of(tokenizer)
     return record
+
+
+def _transformers_class(model: nn.Module) -> type:
+    """The model's own transformers class (FSDP2 puts a generated ``FSDP<Name>`` subclass in front of it)."""
+    return next(cls for cls in type(model).__mro__ if cls.__module__.startswith("transformers."))
 
 
 def _files_of(tokenizer: Any) -> dict[str, bytes]:
