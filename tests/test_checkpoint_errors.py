@@ -1,4 +1,5 @@
-"""A bad ``--ckpt_path`` is one ``error:`` line and exit code 2, before any process is launched.
+"""A bad ``--ckpt_path`` is one ``error:`` line and exit code 2, before any process is launched; consolidation's
+bad input, and its Hugging Face export with a tokenizer.
 
 The CLI runs in this process: ``main`` returns the exit status that ``main.py`` and the ``lightning-zero`` script
 exit with.
@@ -13,7 +14,13 @@ from pathlib import Path
 import lightning as L
 import pytest
 import torch
+from tokenizers import Tokenizer
+from tokenizers.models import WordLevel
+from tokenizers.pre_tokenizers import Whitespace
+from transformers import AutoTokenizer, GPT2LMHeadModel, PreTrainedTokenizerFast
 
+from lightning_zero.checkpoint.consolidate import consolidate
+from lightning_zero.checkpoint.hf import hf_record, write_hf_dir
 from lightning_zero.checkpoint.manifest import MANIFEST_NAME, Manifest, ModelSignature, write_manifest
 from lightning_zero.checkpoint.validate import check_checkpoint
 from lightning_zero.cli import main
@@ -140,3 +147,38 @@ def test_unreadable_manifest(tmp_path: Path) -> None:
 
 def test_good_checkpoint_passes(good_checkpoint: Path) -> None:
     check_checkpoint(good_checkpoint, TinyLM())
+
+
+def test_consolidate_rejects_an_output_it_cannot_name_the_format_of(good_checkpoint: Path, tmp_path: Path) -> None:
+    with pytest.raises(ZeroConfigError, match=r"must end in \.safetensors or \.pt"):
+        consolidate(good_checkpoint, tmp_path / "model.bin")
+
+
+def test_consolidate_command_on_a_missing_checkpoint(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["consolidate", str(tmp_path / "none.ckpt"), str(tmp_path / "out.pt")]) == 2
+    assert capsys.readouterr().err.strip().startswith("error: Checkpoint")
+
+
+class WithTokenizer(TinyLM):
+    def __init__(self) -> None:
+        super().__init__()
+        words = WordLevel(vocab={"[UNK]": 0, "hello": 1, "world": 2}, unk_token="[UNK]")
+        backend = Tokenizer(words)
+        backend.pre_tokenizer = Whitespace()
+        self.tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="[UNK]")
+
+
+def test_hf_dir_carries_config_weights_and_tokenizer(tmp_path: Path) -> None:
+    module = WithTokenizer()
+    record = hf_record(module)
+    assert record is not None and record["attribute"] == "model" and record["class"] == "GPT2LMHeadModel"
+    write_hf_dir(record, module.state_dict(), tmp_path, torch.float32)
+    tokenizer = AutoTokenizer.from_pretrained(tmp_path)
+    assert tokenizer("hello world")["input_ids"] == [1, 2]
+    loaded = GPT2LMHeadModel.from_pretrained(tmp_path)
+    assert max_difference(loaded.state_dict(), module.model.state_dict()) == 0.0
+
+
+def max_difference(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
+    assert a.keys() == b.keys()
+    return max((a[key] - b[key]).abs().max().item() for key in a)
