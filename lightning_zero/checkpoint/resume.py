@@ -12,8 +12,8 @@ Lightning restores the model, optimizers, LR schedulers and loop counters, but o
   ``max_steps`` cut the epoch short, the rest of it is skipped.
 
 :class:`ExactResume` fixes the three. Add it next to your ``ModelCheckpoint`` (the ``lightning-zero`` CLI adds
-it for you). Skipped batches are read from the loader again (so random transforms draw the same numbers) but
-not trained on.
+it for you). Skipped batches are read from the loader again, from the RNG state of the epoch's start (so the
+sampler order and DataLoader worker seeds are those of the interrupted epoch), but not trained on.
 """
 
 from __future__ import annotations
