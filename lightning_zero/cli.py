@@ -25,6 +25,8 @@ from lightning.pytorch.cli import LightningCLI
 from lightning.pytorch.strategies import Strategy
 
 import lightning_zero  # noqa: F401  (registers the presets before the Trainer is built)
+from lightning_zero.checkpoint.resume import ExactResume
+from lightning_zero.checkpoint.validate import check_checkpoint
 from lightning_zero.errors import ZeroConfigError
 from lightning_zero.strategies.presets import PRESETS, check_strategy_name
 
@@ -38,6 +40,9 @@ class ZeroCLI(LightningCLI):
             if Path(strategy).is_file():
                 raise ZeroConfigError(f"Strategy config {strategy!r}: {_why_not_a_strategy(strategy)}")
             check_strategy_name(strategy)
+
+    def before_fit(self) -> None:
+        check_checkpoint(self._ckpt_path(), self.model)
 
     def instantiate_classes(self) -> None:
         try:
@@ -54,6 +59,21 @@ class ZeroCLI(LightningCLI):
             super().parse_arguments(parser, args)
         except ArgumentError as error:
             raise ZeroConfigError(innermost_reason(str(error))) from None
+        check_checkpoint(self._ckpt_path())
+
+    def _ckpt_path(self) -> Any:
+        subcommand = self.config.get("subcommand")
+        return self.config[subcommand].get("ckpt_path") if subcommand else None
+
+    def _parse_ckpt_path(self) -> None:
+        # LightningCLI reads the checkpoint's hyper-parameters into the model's config here.
+        try:
+            super()._parse_ckpt_path()
+        except ArgumentError as error:
+            raise ZeroConfigError(
+                f"Checkpoint '{self._ckpt_path()}' was saved with hyper-parameters that this model config does not take"
+                f" ({innermost_reason(str(error))}): pass a checkpoint of this model."
+            ) from None
 
     def _active_config(self) -> Any:
         return self.config[self.subcommand] if self.subcommand else self.config
@@ -123,6 +143,7 @@ def run_cli(args: Sequence[str] | None = None) -> ZeroCLI:
         subclass_mode_model=True,
         subclass_mode_data=True,
         save_config_kwargs={"overwrite": True},
+        trainer_defaults={"callbacks": [ExactResume()]},
         args=list(args) if args is not None else None,
     )
 
@@ -152,6 +173,7 @@ SUBCOMMANDS = {
     "build-ops": "lightning_zero.cli:build_ops_command",
     "chat": "lightning_zero.chat:main",
     "plan": "lightning_zero.memory.plan:main",
+    "consolidate": "lightning_zero.checkpoint.consolidate:main",
 }
 
 

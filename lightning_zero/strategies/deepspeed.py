@@ -25,6 +25,7 @@ from lightning.pytorch.utilities import rank_zero_info
 from torch.nn import Module
 from torch.optim import Optimizer
 
+from lightning_zero.checkpoint.strategy import SafeCheckpoints
 from lightning_zero.errors import ZeroConfigError
 from lightning_zero.memory.budget import apply_memory_budget
 from lightning_zero.strategies import cpu_adam
@@ -44,7 +45,7 @@ if TYPE_CHECKING:
     from lightning.pytorch.core.optimizer import LRSchedulerConfig
 
 
-class ZeroStrategy(DeepSpeedStrategy):
+class ZeroStrategy(SafeCheckpoints, DeepSpeedStrategy):
     """ZeRO stages 0-3 with optional CPU/NVMe offload, through DeepSpeed.
 
     Args:
@@ -246,6 +247,10 @@ class ZeroStrategy(DeepSpeedStrategy):
             return self.lightning_module.state_dict()
         state = self.deepspeed_engine._zero3_consolidated_16bit_state_dict()
         return state if state is not None else {}
+
+    def checkpoint_identity(self) -> tuple[str, int]:
+        assert isinstance(self.config, dict)
+        return "deepspeed", zero_stage(self.config)
 
     @classmethod
     def register_strategies(cls, strategy_registry: Any) -> None:

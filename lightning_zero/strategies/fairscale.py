@@ -31,6 +31,7 @@ from lightning.pytorch.utilities import rank_zero_info
 from torch import Tensor
 from torch.optim import Optimizer
 
+from lightning_zero.checkpoint.strategy import SafeCheckpoints
 from lightning_zero.errors import ZeroConfigError
 from lightning_zero.memory.budget import apply_memory_budget
 from lightning_zero.strategies.blocks import enable_activation_checkpointing
@@ -58,7 +59,7 @@ def require_fairscale() -> None:
         raise ZeroConfigError(FAIRSCALE_MISSING) from None
 
 
-class FairScaleStrategy(DDPStrategy):
+class FairScaleStrategy(SafeCheckpoints, DDPStrategy):
     """ZeRO stage 1 (OSS + DDP) or 2 (OSS + ShardedDataParallel) through FairScale.
 
     Args:
@@ -193,6 +194,9 @@ class FairScaleStrategy(DDPStrategy):
         if self.sharded_ddp is not None:
             self.model = self.lightning_module
         super().teardown()
+
+    def checkpoint_identity(self) -> tuple[str, int]:
+        return "fairscale", self.zero.stage
 
     @classmethod
     def register_strategies(cls, strategy_registry: Any) -> None:

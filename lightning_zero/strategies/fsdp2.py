@@ -27,6 +27,7 @@ from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities import rank_zero_info
 from torch import nn
 
+from lightning_zero.checkpoint.strategy import SafeCheckpoints
 from lightning_zero.errors import ZeroConfigError
 from lightning_zero.memory.budget import apply_memory_budget
 from lightning_zero.strategies.blocks import enable_activation_checkpointing, transformer_blocks
@@ -38,7 +39,7 @@ if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
 
 
-class FSDP2Strategy(ModelParallelStrategy):
+class FSDP2Strategy(SafeCheckpoints, ModelParallelStrategy):
     """ZeRO stage 2 or 3, optionally with CPU offload, through FSDP2, with no model code changes.
 
     Args:
@@ -130,6 +131,9 @@ class FSDP2Strategy(ModelParallelStrategy):
         assert self.model is not None
         state = get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
         return state if self.is_global_zero else {}
+
+    def checkpoint_identity(self) -> tuple[str, int]:
+        return "fsdp2", self.zero.stage
 
     @classmethod
     def register_strategies(cls, strategy_registry: Any) -> None:

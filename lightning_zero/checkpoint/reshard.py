@@ -1,0 +1,68 @@
+"""Resuming at another world size or stage: which path a checkpoint takes, and DeepSpeed's universal conversion.
+
+* FSDP2 -> FSDP2 (any world size, stage 2 <-> 3, offload or not): ``torch.distributed.checkpoint`` re-shards
+  model and optimizer state by itself.
+* DeepSpeed stage 1/2 -> stage 1/2 at another world size: the checkpoint is converted once into DeepSpeed's
+  universal format (``deepspeed.checkpoint.ds_to_universal``, written next to it as ``X.universal``) and loaded
+  with ``load_universal``; optimizer state included.
+* Anything else -- DeepSpeed stage 3 on either side with any change (DeepSpeed 0.19's stage-3 universal loader
+  does not read what its converter writes for stage 2), or another backend -- is refused with one line that says
+  how to carry the weights over (``lightning-zero consolidate``).
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from lightning_zero.checkpoint.atomic import fsync_tree, partial_path, publish, remove_path
+from lightning_zero.checkpoint.manifest import Manifest
+from lightning_zero.errors import ZeroConfigError
+
+NATIVE = "native"
+UNIVERSAL = "universal"
+UNIVERSAL_SUFFIX = ".universal"
+
+
+def resume_route(path: Path, manifest: Manifest | None, backend: str, stage: int, world_size: int) -> str:
+    """:data:`NATIVE` or :data:`UNIVERSAL` for resuming ``manifest``'s checkpoint in this run, else a one-line error."""
+    if manifest is None or (manifest.backend, manifest.stage, manifest.world_size) == (backend, stage, world_size):
+        return NATIVE
+    if manifest.backend == backend and backend != "deepspeed":
+        return NATIVE  # FSDP2 re-shards through DCP; FairScale and DDP files hold the whole state
+    if manifest.backend == backend and max(manifest.stage, stage) <= 2:
+        return UNIVERSAL
+    raise ZeroConfigError(
+        f"Checkpoint '{path}' was written by {manifest.backend} ZeRO-{manifest.stage} on {manifest.world_size}"
+        f" processes; this run is {backend} ZeRO-{stage} on {world_size}, and that pair cannot carry the optimizer"
+        f" state: start from its weights instead (`lightning-zero consolidate {path} weights.pt`, load them into"
+        " the model before `fit`, and leave out `ckpt_path`)."
+    )
+
+
+def universal_checkpoint(path: Path) -> Path:
+    """DeepSpeed's universal form of the checkpoint directory ``path``, converted once into ``X.universal``."""
+    from deepspeed.checkpoint import ds_to_universal
+
+    target = path.with_name(path.name + UNIVERSAL_SUFFIX)
+    tag = (path / "latest").read_text().strip()
+    if (target / "latest_universal").is_file():
+        return target
+    partial = partial_path(target)
+    remove_path(partial)
+    partial.mkdir(parents=True)
+    options = argparse.Namespace(
+        input_folder=str(path / tag),
+        output_folder=str(partial / tag),
+        num_extract_workers=1,
+        num_merge_workers=1,
+        keep_temp_folder=False,
+        strict=True,
+        inject_missing_state=True,
+    )
+    ds_to_universal.main(options)
+    for name in ("latest", "latest_universal"):
+        (partial / name).write_text(tag)
+    fsync_tree(partial)
+    publish(partial, target)
+    return target

@@ -1,0 +1,150 @@
+"""Exact resume from any step: the position inside the epoch, every rank's RNG states, and epoch-end checkpoints.
+
+Lightning restores the model, optimizers, LR schedulers and loop counters, but on its own:
+
+* a plain ``DataLoader`` (not stateful) restarts the interrupted epoch from its first batch, so a checkpoint
+  written mid-epoch (``ModelCheckpoint(every_n_train_steps=...)``) replays batches and skips others;
+* RNG states (dropout, samplers without a fixed seed) are not saved;
+* a ``max_steps`` run whose checkpoint was written in ``on_train_epoch_end`` resumes wrongly. For iteration-based
+  training ``FitLoop.restarting`` is forced on, so an epoch that ended is taken as restarted "on epoch end" with
+  its batch counters not reset: the resumed run counts that epoch's batches as fetched, reads the loader again as
+  the tail of the old epoch, then starts another epoch (one epoch too far, on the wrong samples). Where
+  ``max_steps`` cut the epoch short, the rest of it is skipped.
+
+:class:`ExactResume` fixes the three. Add it next to your ``ModelCheckpoint`` (the ``lightning-zero`` CLI adds
+it for you). Skipped batches are read from the loader again, from the RNG state of the epoch's start (so the
+sampler order and DataLoader worker seeds are those of the interrupted epoch), but not trained on.
+"""
+
+from __future__ import annotations
+
+import itertools
+import random
+from collections.abc import Iterator
+from typing import Any
+
+import lightning as L
+import numpy as np
+import torch
+from lightning.fabric.utilities.data import _set_sampler_epoch
+from lightning.pytorch.callbacks import Callback
+
+_KEY = "lightning_zero_rng"
+
+
+def rng_state() -> dict[str, Any]:
+    """This process's torch, numpy and Python RNG states, in types that ``torch.load(weights_only=True)`` reads."""
+    kind, keys, position, has_gauss, gauss = np.random.get_state(legacy=True)
+    assert isinstance(keys, np.ndarray)
+    return {
+        "torch": torch.get_rng_state(),
+        "numpy": [kind, torch.from_numpy(keys.astype(np.int64)), position, has_gauss, gauss],
+        "python": random.getstate(),
+    }
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    """Restore what :func:`rng_state` returned."""
+    torch.set_rng_state(state["torch"])
+    kind, keys, position, has_gauss, gauss = state["numpy"]
+    np.random.set_state((kind, keys.numpy().astype(np.uint32), position, has_gauss, gauss))
+    version, internal, gauss_next = state["python"]
+    random.setstate((version, tuple(internal), gauss_next))
+
+
+def _gather(state: dict[str, Any]) -> list[dict[str, Any]]:
+    if not torch.distributed.is_available() or not torch.distributed.is_initialized():
+        return [state]
+    states: list[Any] = [None] * torch.distributed.get_world_size()
+    torch.distributed.all_gather_object(states, state)
+    return states
+
+
+def fix_epoch_end_loop_state(loops: dict[str, Any]) -> bool:
+    """Rewrite a checkpoint's loop state written in ``on_train_epoch_end`` (at the epoch's end, or where ``max_steps``
+    cut it short) into the state written in ``on_train_batch_end`` of the same batch, which Lightning resumes
+    correctly (with :class:`ExactResume` continuing a cut-short epoch where it stopped); True if rewritten."""
+    fit = loops.get("fit_loop", {})
+    epochs, batches = fit.get("epoch_progress"), fit.get("epoch_loop.batch_progress")
+    if not epochs or not batches:
+        return False
+    epoch_total, batch_total = epochs["total"], batches["total"]
+    finished_epoch_not_completed = epoch_total["processed"] == epoch_total["started"] == epoch_total["completed"] + 1
+    last_batch_completed = batch_total["completed"] == batch_total["processed"] > 0
+    if not (finished_epoch_not_completed and last_batch_completed):
+        return False
+    for progress in (epochs["total"], epochs["current"]):
+        progress["processed"] -= 1
+    for progress in (batches["total"], batches["current"]):
+        progress["completed"] -= 1
+    return True
+
+
+class _FastForward:
+    """Yields ``loader``'s batches after the first ``skip`` on its next iteration only (later epochs read it
+    whole). RNG states are set to those at the epoch's start before the iterator is made (samplers draw their
+    seed then), and to the checkpoint's after the skipped batches."""
+
+    def __init__(self, loader: Any, skip: int, epoch_start: dict[str, Any], resumed: dict[str, Any]) -> None:
+        self.loader = loader
+        self.skip = skip
+        self.epoch_start = epoch_start
+        self.resumed = resumed
+        self.used = False
+
+    def __iter__(self) -> Iterator[Any]:
+        if self.used:
+            return iter(self.loader)
+        self.used = True
+        set_rng_state(self.epoch_start)
+        iterator = iter(self.loader)
+        for _ in itertools.islice(iterator, self.skip):
+            pass
+        set_rng_state(self.resumed)
+        return iterator
+
+    def __len__(self) -> int:
+        return len(self.loader)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.loader, name)
+
+
+class ExactResume(Callback):
+    """Resume exactly where a checkpoint was written: mid-epoch position, RNG states, epoch-end ``max_steps`` runs."""
+
+    def __init__(self) -> None:
+        self._epoch_start: dict[str, Any] | None = None
+        self._loaded: dict[str, Any] | None = None
+
+    def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._epoch_start = rng_state()
+
+    def on_save_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict[str, Any]) -> None:
+        local = {"now": rng_state(), "epoch_start": self._epoch_start or rng_state()}
+        checkpoint[_KEY] = _gather(local)
+
+    def on_load_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict[str, Any]) -> None:
+        if trainer.max_steps != -1 and "loops" in checkpoint:
+            fix_epoch_end_loop_state(checkpoint["loops"])
+        states = checkpoint.get(_KEY)
+        if states:
+            self._loaded = states[trainer.global_rank] if len(states) == trainer.world_size else states[0]
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        loaded, self._loaded = self._loaded, None
+        if loaded is None:
+            return
+        fit_loop = trainer.fit_loop
+        done = fit_loop.epoch_loop.batch_progress.current.ready  # batches trained in the interrupted epoch
+        mid_epoch = fit_loop.restarted_mid_epoch and 0 < done < trainer.num_training_batches
+        combined, fetcher = fit_loop._combined_loader, fit_loop._data_fetcher
+        if not mid_epoch or combined is None or fetcher is None:
+            set_rng_state(loaded["now"])
+            return
+        for loader in combined.flattened:  # Lightning sets the epoch after `on_train_start`, too late for us
+            _set_sampler_epoch(loader, fit_loop.epoch_progress.current.processed)  # type: ignore[attr-defined]
+        combined.flattened = [
+            _FastForward(loader, done, loaded["epoch_start"], loaded["now"]) for loader in combined.flattened
+        ]
+        iter(fetcher)  # Lightning made the epoch's iterator already, over the loaders as they were

@@ -1,0 +1,48 @@
+"""What the lightning-zero strategies add to their backend's checkpointing: atomic saves with a manifest,
+pruning that removes sharded directories and links, loads checked first, and resuming at another world size
+(see ``atomic``, ``validate`` and ``reshard``)."""
+
+from __future__ import annotations
+
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+from lightning_zero.checkpoint.atomic import remove_checkpoint, save_atomically
+from lightning_zero.checkpoint.manifest import checkpoint_manifest
+from lightning_zero.checkpoint.reshard import UNIVERSAL, UNIVERSAL_SUFFIX, resume_route, universal_checkpoint
+from lightning_zero.checkpoint.validate import check_checkpoint
+
+
+class SafeCheckpoints:
+    """Mixin placed before a Lightning strategy class; the strategy says its backend and stage."""
+
+    def checkpoint_identity(self) -> tuple[str, int]:
+        """``(backend, ZeRO stage)`` recorded in the manifest."""
+        raise NotImplementedError
+
+    def save_checkpoint(self, checkpoint: dict[str, Any], filepath: Any, storage_options: Any = None) -> None:
+        backend, stage = self.checkpoint_identity()
+        write = partial(super().save_checkpoint, storage_options=storage_options)  # type: ignore[misc]
+        save_atomically(self, checkpoint, filepath, write, backend, stage)  # type: ignore[arg-type]
+
+    def remove_checkpoint(self, filepath: Any) -> None:
+        remove_checkpoint(self, filepath)  # type: ignore[arg-type]
+
+    def load_checkpoint(self, checkpoint_path: Any, weights_only: bool | None = None) -> dict[str, Any]:
+        path = Path(self.broadcast(str(checkpoint_path)))  # type: ignore[attr-defined]
+        check_checkpoint(path, self.lightning_module)  # type: ignore[attr-defined]
+        backend, stage = self.checkpoint_identity()
+        route = resume_route(path, checkpoint_manifest(path), backend, stage, self.world_size)  # type: ignore[attr-defined]
+        if route == UNIVERSAL:
+            path = self._universal(path)
+        return super().load_checkpoint(path, weights_only)  # type: ignore[misc, no-any-return]
+
+    def _universal(self, path: Path) -> Path:
+        """Convert on rank 0, then have every rank's DeepSpeed engine load the universal form."""
+        if self.is_global_zero:  # type: ignore[attr-defined]
+            universal_checkpoint(path)
+        self.barrier()  # type: ignore[attr-defined]
+        # Lightning builds the engine before it loads, so `checkpoint.load_universal` is switched on here.
+        self.deepspeed_engine._config.load_universal_checkpoint = True  # type: ignore[attr-defined]
+        return path.with_name(path.name + UNIVERSAL_SUFFIX)
