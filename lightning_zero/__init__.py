@@ -8,6 +8,7 @@ from lightning_zero.errors import ZeroConfigError
 from lightning_zero.strategies import (
     PRESETS,
     DeepSpeedZeroConfig,
+    DeepSpeedZeroStrategy,
     ZeroConfig,
     ZeroStrategy,
     build_preset,
@@ -22,6 +23,7 @@ __version__ = "0.1.0"
 __all__ = [
     "PRESETS",
     "DeepSpeedZeroConfig",
+    "DeepSpeedZeroStrategy",
     "ZeroConfig",
     "ZeroConfigError",
     "ZeroStrategy",

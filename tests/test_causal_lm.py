@@ -24,7 +24,8 @@ from lightning_zero.data.text_corpus import (
     split_texts,
 )
 from lightning_zero.errors import ZeroConfigError
-from lightning_zero.tasks.causal_lm import CausalLMTask, TokenPerplexity, fresh_fp32_metrics, token_nll
+from lightning_zero.tasks.causal_lm import CausalLMTask
+from lightning_zero.tasks.metrics import TokenPerplexity, bleu_metric, token_nll
 
 TOKENIZER = "bpe:chitchat:1024"
 WORKER_TIMEOUT_S = 240
@@ -116,12 +117,13 @@ def test_perplexity_weights_tokens_not_batches() -> None:
     assert values["perplexity"].item() == pytest.approx(math.e)
 
 
-def test_metric_states_come_back_to_fp32() -> None:
+def test_metric_states_keep_their_dtype_when_the_module_is_cast() -> None:
     task = CausalLMTask()
+    task.model = torch.nn.Linear(2, 2)
     task.to(torch.bfloat16)  # what `*-true` precision does to the whole module
-    assert task.val_perplexity.nll_sum.dtype == torch.bfloat16
-    fresh_fp32_metrics(task)
-    assert task.val_perplexity.nll_sum.dtype == torch.float32
+    assert task.model.weight.dtype == torch.bfloat16  # the model was cast
+    assert task.val_perplexity.nll_sum.dtype == torch.float64  # the metric's float64 sums were not
+    assert set(task._modules) == {"model", "val_perplexity"}  # both attributes are back in place
 
 
 def test_causal_lm_learns_on_chitchat(cache_dir: str) -> None:
@@ -168,8 +170,6 @@ def _fixed_item(index: int) -> tuple[torch.Tensor, torch.Tensor, str, str]:
 
 
 def _reference_metrics() -> dict[str, float]:
-    from lightning_zero.tasks.seq2seq import bleu_metric
-
     perplexity, bleu = TokenPerplexity(), bleu_metric()
     for index in range(_ITEMS):
         logits, labels, prediction, reference = _fixed_item(index)

@@ -70,7 +70,8 @@ class FairScaleStrategy(DDPStrategy):
         timeout: Collective-operation timeout.
     """
 
-    strategy_name = "zero_fairscale"
+    #: The registered name that builds this class with its defaults (stage 2).
+    strategy_name = "zero2_fairscale"
 
     def __init__(
         self,
@@ -191,12 +192,6 @@ class FairScaleStrategy(DDPStrategy):
         if self.sharded_ddp is not None:
             self.model = self.lightning_module
         super().teardown()
-
-    @classmethod
-    def register_strategies(cls, strategy_registry: Any) -> None:
-        from lightning_zero.strategies.presets import register_presets
-
-        register_presets(strategy_registry, backend="fairscale")
 
 
 def to_oss(optimizer: Optimizer, config: FairScaleZeroConfig) -> OSS:

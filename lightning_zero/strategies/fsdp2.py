@@ -50,7 +50,8 @@ class FSDP2Strategy(ModelParallelStrategy):
         timeout: Collective-operation timeout.
     """
 
-    strategy_name = "zero_fsdp2"
+    #: The registered name that builds this class with its defaults (stage 3).
+    strategy_name = "zero3_fsdp"
 
     def __init__(
         self,
@@ -128,12 +129,6 @@ class FSDP2Strategy(ModelParallelStrategy):
         assert self.model is not None
         state = get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
         return state if self.is_global_zero else {}
-
-    @classmethod
-    def register_strategies(cls, strategy_registry: Any) -> None:
-        from lightning_zero.strategies.presets import register_presets
-
-        register_presets(strategy_registry, backend="fsdp2")
 
 
 def shard_module(module: nn.Module, mesh: DeviceMesh, options: Any) -> int:
