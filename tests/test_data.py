@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import csv
 import json
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 from lightning.fabric.utilities.data import _replace_dunder_methods
 from lightning.pytorch.utilities.data import _update_dataloader
-from torch.utils.data import BatchSampler, DataLoader
+from torch.utils.data import BatchSampler, RandomSampler
 from torch.utils.data.distributed import DistributedSampler
 
 from lightning_zero.data.batching import (
@@ -31,6 +30,7 @@ from lightning_zero.data.text_files import (
 )
 from lightning_zero.errors import ZeroConfigError
 from lightning_zero.models.loading import load_tokenizer
+from tests.helpers.runif import RunIf
 
 TOKENIZER = "sentence-transformers/all-MiniLM-L6-v2"
 
@@ -190,15 +190,14 @@ def test_lightning_can_inject_its_distributed_sampler_into_the_bucket_sampler():
     assert sorted(i for b in updated.batch_sampler for i in b) == sorted(injected)
 
 
-def test_dataloaders_shard_by_rank_without_bucketing():
+def test_dataloaders_leave_sharding_to_lightning() -> None:
     dataset = TokenizedDataset({"input_ids": [[1, 2]] * 30}, list(range(30)))
-    labels = []
-    for rank in (0, 1):
-        loader = build_dataloader(dataset, DynamicPaddingCollator(0), 4, train=True, num_replicas=2, rank=rank, seed=2)
-        assert isinstance(loader, DataLoader) and isinstance(loader.sampler, DistributedSampler)
-        labels.append([label for batch in loader for label in batch["labels"].tolist()])
-    assert len(labels[0]) == len(labels[1]) == 15
-    assert sorted(labels[0] + labels[1]) == list(range(30))
+    loader = build_dataloader(dataset, DynamicPaddingCollator(0), 4, train=True)
+    assert isinstance(loader.sampler, RandomSampler)  # Lightning swaps in its DistributedSampler
+    labels = [label for batch in loader for label in batch["labels"].tolist()]
+    assert sorted(labels) == list(range(30)) and labels != list(range(30))
+    evaluation = build_dataloader(dataset, DynamicPaddingCollator(0), 4, train=False)
+    assert [label for batch in evaluation for label in batch["labels"].tolist()] == list(range(30))
 
 
 # --- local files --------------------------------------------------------------------------------------------
@@ -268,8 +267,8 @@ def test_encode_labels():
 # --- GLUE through `datasets` ------------------------------------------------------------------------------
 
 
+@RunIf(datasets=True)
 def test_glue_module_reads_local_pairs_through_datasets(tmp_path):
-    pytest.importorskip("datasets")
     from lightning_zero.data.glue import GlueDataModule
 
     rows = [{"sentence1": r["sentence"], "sentence2": r["other"], "label": int(r["label"] == "pos")} for r in ROWS]
@@ -290,7 +289,8 @@ def test_glue_module_reads_local_pairs_through_datasets(tmp_path):
 
 
 def test_glue_defaults_to_the_task_columns_and_names_a_missing_datasets(monkeypatch):
-    from lightning_zero.data.glue import GlueDataModule, import_datasets
+    from lightning_zero.data import packages
+    from lightning_zero.data.glue import GlueDataModule
 
     module = GlueDataModule()
     assert (module.dataset, module.subset, module.text_column, module.text_pair_column) == (
@@ -300,13 +300,13 @@ def test_glue_defaults_to_the_task_columns_and_names_a_missing_datasets(monkeypa
         "sentence2",
     )
     assert GlueDataModule(subset="sst2").text_pair_column is None
-    monkeypatch.setitem(sys.modules, "datasets", None)
+    monkeypatch.setattr(packages, "DATASETS", False)
     with pytest.raises(ZeroConfigError, match=r"pip install datasets"):
-        import_datasets()
+        GlueDataModule().prepare_data()
 
 
+@RunIf(datasets=True)
 def test_glue_module_names_a_missing_local_file(tmp_path):
-    pytest.importorskip("datasets")
     from lightning_zero.data.glue import GlueDataModule
 
     module = GlueDataModule(dataset="csv", subset=None, data_files={"train": str(tmp_path / "missing.csv")})

