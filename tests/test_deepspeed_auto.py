@@ -73,6 +73,7 @@ def _worker(out: str) -> None:
         trainer.fit(module)
         assert module.net is not None
         group = trainer.optimizers[0].param_groups[0]
+        assert strategy.config is not None
         results[f"stage{stage}"] = {
             "config_optimizer": strategy.config["optimizer"]["params"],
             "config_scheduler": strategy.config["scheduler"]["params"],

