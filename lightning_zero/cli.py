@@ -28,9 +28,17 @@ import lightning_zero  # noqa: F401  (registers the presets before the Trainer i
 from lightning_zero.errors import ZeroConfigError
 from lightning_zero.strategies.presets import PRESETS, check_strategy_name
 
+#: Arguments the task and its data module must agree on: the data module's value is the task's.
+SHARED_ARGUMENTS = ("tokenizer", "tokenizer_cache_dir", "max_target_length")
+
 
 class ZeroCLI(LightningCLI):
-    """LightningCLI that checks short strategy names before anything is built."""
+    """LightningCLI that checks short strategy names before anything is built, and gives the task the data
+    module's tokenizer (and the other :data:`SHARED_ARGUMENTS`), so a config names them once, under ``data``."""
+
+    def add_arguments_to_parser(self, parser: Any) -> None:
+        for name in SHARED_ARGUMENTS:
+            parser.link_arguments(f"data.init_args.{name}", f"model.init_args.{name}")
 
     def before_instantiate_classes(self) -> None:
         strategy = self._active_config().get("trainer", {}).get("strategy")
