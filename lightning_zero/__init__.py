@@ -4,7 +4,7 @@ Importing the package registers the presets (``zero1`` ... ``zero3_offload_nvme`
 strategy registry, so ``Trainer(strategy="zero3_offload")`` works.
 """
 
-from lightning_zero.errors import ZeroConfigError
+from lightning_zero.errors import LightningZeroError, ZeroConfigError, ZeroDataError
 from lightning_zero.strategies import (
     PRESETS,
     DeepSpeedZeroConfig,
@@ -24,8 +24,10 @@ __all__ = [
     "PRESETS",
     "DeepSpeedZeroConfig",
     "DeepSpeedZeroStrategy",
+    "LightningZeroError",
     "ZeroConfig",
     "ZeroConfigError",
+    "ZeroDataError",
     "ZeroStrategy",
     "__version__",
     "build_preset",

@@ -25,7 +25,7 @@ from lightning.pytorch.cli import LightningCLI
 from lightning.pytorch.strategies import Strategy
 
 import lightning_zero  # noqa: F401  (registers the presets before the Trainer is built)
-from lightning_zero.errors import ZeroConfigError
+from lightning_zero.errors import LightningZeroError, ZeroConfigError
 from lightning_zero.strategies.presets import PRESETS, check_strategy_name
 
 #: Arguments the task and its data module must agree on: the data module's value is the task's.
@@ -109,11 +109,11 @@ def _why_not_a_strategy(path: str) -> str:
     return "not a strategy name, nor a class_path + init_args file."
 
 
-def _config_error_in_chain(error: BaseException) -> ZeroConfigError | None:
+def _config_error_in_chain(error: BaseException) -> LightningZeroError | None:
     seen: set[int] = set()
     current: BaseException | None = error
     while current is not None and id(current) not in seen:
-        if isinstance(current, ZeroConfigError):
+        if isinstance(current, LightningZeroError):
             return current
         seen.add(id(current))
         current = current.__cause__ or current.__context__
@@ -187,7 +187,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             status: int = _subcommand(argv[0])(argv[1:])
             return status
         run_cli(argv)
-    except ZeroConfigError as error:
+    except LightningZeroError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
     return 0

@@ -28,7 +28,7 @@ from lightning_zero.data.text_files import (
     limit_examples,
     split_examples,
 )
-from lightning_zero.errors import ZeroConfigError
+from lightning_zero.errors import ZeroConfigError, ZeroDataError
 from lightning_zero.models.loading import load_tokenizer
 from tests.helpers.runif import RunIf
 
@@ -245,12 +245,12 @@ def test_files_datamodule_reads_json_pairs_with_a_validation_file(tmp_path):
 
 def test_files_datamodule_names_missing_columns_and_bad_files(tmp_path):
     train = _write_csv(tmp_path / "train.csv", ROWS)
-    with pytest.raises(ZeroConfigError, match=r"no column 'text': choose one of \['label', 'other', 'sentence'\]"):
+    with pytest.raises(ZeroDataError, match=r"no column 'text': choose one of \['label', 'other', 'sentence'\]"):
         TextClassificationFilesDataModule(str(train)).setup()
-    with pytest.raises(ZeroConfigError, match="does not exist"):
+    with pytest.raises(ZeroDataError, match="does not exist"):
         TextClassificationFilesDataModule(str(tmp_path / "nope.csv")).setup()
     (tmp_path / "data.parquet").write_text("x")
-    with pytest.raises(ZeroConfigError, match=r"use \.csv, \.tsv, \.json or \.jsonl"):
+    with pytest.raises(ZeroDataError, match=r"use \.csv, \.tsv, \.json or \.jsonl"):
         TextClassificationFilesDataModule(str(tmp_path / "data.parquet")).setup()
 
 
@@ -260,7 +260,7 @@ def test_encode_labels():
     assert encode_labels(["b", "a", "c"]) == ([1, 0, 2], ["a", "b", "c"])
     assert encode_labels(["fresh", "rotten"], ["rotten", "fresh"]) == ([1, 0], ["rotten", "fresh"])
     assert encode_labels(["1.5", "2"])[1] == ["1.5", "2"]
-    with pytest.raises(ZeroConfigError, match="not in label_names"):
+    with pytest.raises(ZeroDataError, match="not in label_names"):
         encode_labels(["x"], ["a", "b"])
 
 
@@ -310,5 +310,19 @@ def test_glue_module_names_a_missing_local_file(tmp_path):
     from lightning_zero.data.glue import GlueDataModule
 
     module = GlueDataModule(dataset="csv", subset=None, data_files={"train": str(tmp_path / "missing.csv")})
-    with pytest.raises(ZeroConfigError, match="use dataset: csv/json with data_files"):
+    with pytest.raises(ZeroDataError, match="use dataset: csv/json with data_files"):
         module.prepare_data()
+
+
+def test_a_data_error_is_one_cli_error_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from lightning_zero.cli import main
+
+    config = Path(__file__).parent / "data" / "cli_tiny.yaml"
+    data = "lightning_zero.data.text_files.TextClassificationFilesDataModule"
+    missing = str(tmp_path / "missing.csv")
+    status = main(
+        ["fit", "--config", str(config), "--trainer.devices", "1", "--trainer.strategy", "single_device",
+         "--trainer.default_root_dir", str(tmp_path), "--data", data, "--data.train_file", missing]
+    )  # fmt: skip
+    error = capsys.readouterr().err.strip().splitlines()
+    assert status == 2 and error[-1].startswith("error: Data file") and "does not exist" in error[-1]

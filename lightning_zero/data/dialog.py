@@ -25,7 +25,7 @@ from lightning_zero.data.corpora import Conversation, load_chatterbot, load_chit
 from lightning_zero.data.packages import load_hf_dataset
 from lightning_zero.data.splits import seeded_split
 from lightning_zero.data.tokenizers import SPEAKER_TOKENS
-from lightning_zero.errors import ZeroConfigError
+from lightning_zero.errors import ZeroConfigError, ZeroDataError
 
 IGNORE_INDEX = -100
 
@@ -190,7 +190,7 @@ class DialogDataModule(TokenizerDataModule):
         self.train_pairs = train[: self.limit_train]
         self.val_pairs = val[: self.limit_val]
         if not self.train_pairs or not self.val_pairs:
-            raise ZeroConfigError("No dialog pairs in a split: check the data and `limit_train`/`limit_val`.")
+            raise ZeroDataError("No dialog pairs in a split: check the data and `limit_train`/`limit_val`.")
 
     def _pairs(self, conversations: list[Conversation], ids: list[int] | None = None) -> list[DialogPair]:
         return dialog_pairs(conversations, self.history_window, self.speaker_tokens, self.source_prefix, ids)
@@ -270,14 +270,14 @@ class HFDialogDataModule(DialogDataModule):
     def conversations(self) -> tuple[list[Conversation], list[Conversation] | None]:
         splits = load_hf_dataset(self.path, self.name, data_files=self.data_files)
         if "train" not in splits:
-            raise ZeroConfigError(f"Data set {self.path!r} has no `train` split: name one in `data_files`.")
+            raise ZeroDataError(f"Data set {self.path!r} has no `train` split: name one in `data_files`.")
         val_name = next((s for s in ("validation", "valid", "val") if s in splits), None)
         train = self._column(splits["train"])
         return train, self._column(splits[val_name]) if val_name else None
 
     def _column(self, split: Any) -> list[Conversation]:
         if self.turns_column not in split.column_names:
-            raise ZeroConfigError(
+            raise ZeroDataError(
                 f"No column {self.turns_column!r} in {split.column_names}: set `turns_column` to the list of turns."
             )
         return [[str(turn) for turn in turns] for turns in split[self.turns_column]]

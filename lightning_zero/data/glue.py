@@ -16,9 +16,8 @@ from lightning_zero.data.text_files import (
     VALIDATION,
     TextClassificationDataModule,
     encode_labels,
-    limit_examples,
 )
-from lightning_zero.errors import ZeroConfigError
+from lightning_zero.errors import ZeroDataError
 
 #: Text columns (first, second) of each GLUE classification task.
 GLUE_COLUMNS: dict[str, tuple[str, str | None]] = {
@@ -46,8 +45,6 @@ class GlueDataModule(TextClassificationDataModule):
         train_split: Name of the training split.
         validation_split: Name of the validation split (``"validation_matched"`` for MNLI).
         cache_dir: ``datasets`` cache folder (its default when None).
-        limit_train: Use only the first this many training examples (for quick runs).
-        limit_val: Use only the first this many validation examples.
         **kwargs: See :class:`~lightning_zero.data.text_files.TextClassificationDataModule`.
     """
 
@@ -62,8 +59,6 @@ class GlueDataModule(TextClassificationDataModule):
         train_split: str = TRAIN,
         validation_split: str = VALIDATION,
         cache_dir: str | None = None,
-        limit_train: int | None = None,
-        limit_val: int | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -77,13 +72,12 @@ class GlueDataModule(TextClassificationDataModule):
         self.label_column = label_column
         self.splits = {TRAIN: train_split, VALIDATION: validation_split}
         self.cache_dir = cache_dir
-        self.limits = {TRAIN: limit_train, VALIDATION: limit_val}
 
     def _load(self) -> Any:
         try:
             return load_hf_dataset(self.dataset, self.subset, data_files=self.data_files, cache_dir=self.cache_dir)
         except OSError as error:  # no network, no such dataset or file (ConnectionError, FileNotFoundError, ...)
-            raise ZeroConfigError(
+            raise ZeroDataError(
                 f"Could not load dataset {self.dataset!r}/{self.subset!r} ({error}): it needs the Hugging Face hub, "
                 "or use dataset: csv/json with data_files for local files."
             ) from error
@@ -94,9 +88,7 @@ class GlueDataModule(TextClassificationDataModule):
 
     def _columns(self, split: Any, name: str) -> list[Any]:
         if name not in split.column_names:
-            raise ZeroConfigError(
-                f"Dataset {self.dataset!r} has no column {name!r}: choose one of {split.column_names}."
-            )
+            raise ZeroDataError(f"Dataset {self.dataset!r} has no column {name!r}: choose one of {split.column_names}.")
         return list(split[name])
 
     def load_examples(self) -> dict[str, TextExamples]:
@@ -105,7 +97,7 @@ class GlueDataModule(TextClassificationDataModule):
         parts = {}
         for key, split_name in self.splits.items():
             if split_name not in loaded:
-                raise ZeroConfigError(
+                raise ZeroDataError(
                     f"Dataset {self.dataset!r} has no split {split_name!r}: choose one of {list(loaded)}."
                 )
             parts[key] = loaded[split_name]
@@ -122,5 +114,5 @@ class GlueDataModule(TextClassificationDataModule):
             pairs = None
             if self.text_pair_column is not None:
                 pairs = [str(text) for text in self._columns(part, self.text_pair_column)]
-            examples[key] = limit_examples(TextExamples(texts, label_parts[key], pairs), self.limits[key])
+            examples[key] = TextExamples(texts, label_parts[key], pairs)
         return examples

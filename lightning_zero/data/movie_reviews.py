@@ -14,10 +14,7 @@ from typing import Any
 from lightning_zero.data.batching import TextExamples
 from lightning_zero.data.corpora import REVIEW_LABELS, movie_reviews
 from lightning_zero.data.text_files import (
-    TRAIN,
-    VALIDATION,
     TextClassificationDataModule,
-    limit_examples,
     split_examples,
 )
 
@@ -34,29 +31,19 @@ class MovieReviewsDataModule(TextClassificationDataModule):
 
     Args:
         val_fraction: Share of the 12,808 snippets held out for validation (a split fixed by ``seed``).
-        limit_train: Use only this many training examples (a random subset; for quick runs).
-        limit_val: Use only this many validation examples.
         **kwargs: See :class:`~lightning_zero.data.text_files.TextClassificationDataModule`.
     """
 
     def __init__(
         self,
         val_fraction: float = 0.1,
-        limit_train: int | None = None,
-        limit_val: int | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
         self.save_hyperparameters()
         self.val_fraction = val_fraction
-        self.limit_train = limit_train
-        self.limit_val = limit_val
         self.label_names = list(REVIEW_LABELS)
 
     def load_examples(self) -> dict[str, TextExamples]:
-        """The seeded split of the corpus, limited as asked."""
-        splits = split_examples(read_movie_reviews(), self.val_fraction, self.seed)
-        return {
-            TRAIN: limit_examples(splits[TRAIN], self.limit_train),
-            VALIDATION: limit_examples(splits[VALIDATION], self.limit_val),
-        }
+        """The seeded split of the corpus."""
+        return split_examples(read_movie_reviews(), self.val_fraction, self.seed)

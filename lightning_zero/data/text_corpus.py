@@ -21,7 +21,7 @@ from lightning_zero.data.corpora import TEXT_CORPORA, corpus_texts
 from lightning_zero.data.packages import load_hf_dataset
 from lightning_zero.data.splits import seeded_split
 from lightning_zero.data.tokenizers import special_ids
-from lightning_zero.errors import ZeroConfigError
+from lightning_zero.errors import ZeroConfigError, ZeroDataError
 
 _TOKENIZE_CHUNK = 1024
 
@@ -116,7 +116,7 @@ class TextBlocksDataModule(TokenizerDataModule):
             return split_texts(list(corpus_texts(self.corpus)), self.val_fraction, self.seed)
         splits = load_hf_dataset(self.corpus, self.dataset_config, data_files=self.data_files)
         if "train" not in splits:
-            raise ZeroConfigError(f"Data set {self.corpus!r} has no `train` split: name one in `data_files`.")
+            raise ZeroDataError(f"Data set {self.corpus!r} has no `train` split: name one in `data_files`.")
         train = self._column(splits["train"])
         val_name = next((s for s in ("validation", "valid", "val") if s in splits), None)
         if val_name is None:
@@ -125,7 +125,7 @@ class TextBlocksDataModule(TokenizerDataModule):
 
     def _column(self, split: Any) -> list[str]:
         if self.text_column not in split.column_names:
-            raise ZeroConfigError(f"No column {self.text_column!r} in {split.column_names}: set `text_column`.")
+            raise ZeroDataError(f"No column {self.text_column!r} in {split.column_names}: set `text_column`.")
         return [text for text in split[self.text_column] if text and text.strip()]
 
     def setup(self, stage: str | None = None) -> None:
@@ -137,7 +137,7 @@ class TextBlocksDataModule(TokenizerDataModule):
         self.train_blocks = pack_blocks(tokenize_stream(self.tokenizer, train), self.block_size, eos, self.limit_train)
         self.val_blocks = pack_blocks(tokenize_stream(self.tokenizer, val), self.block_size, eos, self.limit_val)
         if len(self.train_blocks) == 0 or len(self.val_blocks) == 0:
-            raise ZeroConfigError(f"Fewer tokens than one block of {self.block_size}: lower `block_size` or add text.")
+            raise ZeroDataError(f"Fewer tokens than one block of {self.block_size}: lower `block_size` or add text.")
 
     def train_dataloader(self) -> DataLoader:
         assert self.train_blocks is not None, "call setup() first"
