@@ -4,10 +4,11 @@ Importing the package registers the presets (``zero1`` ... ``zero3_offload_nvme`
 strategy registry, so ``Trainer(strategy="zero3_offload")`` works.
 """
 
-from lightning_zero.errors import ZeroConfigError
+from lightning_zero.errors import LightningZeroError, ZeroConfigError, ZeroDataError
 from lightning_zero.strategies import (
     PRESETS,
     DeepSpeedZeroConfig,
+    DeepSpeedZeroStrategy,
     ZeroConfig,
     ZeroStrategy,
     build_preset,
@@ -22,8 +23,11 @@ __version__ = "0.1.0"
 __all__ = [
     "PRESETS",
     "DeepSpeedZeroConfig",
+    "DeepSpeedZeroStrategy",
+    "LightningZeroError",
     "ZeroConfig",
     "ZeroConfigError",
+    "ZeroDataError",
     "ZeroStrategy",
     "__version__",
     "build_preset",

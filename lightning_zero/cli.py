@@ -27,12 +27,20 @@ from lightning.pytorch.strategies import Strategy
 import lightning_zero  # noqa: F401  (registers the presets before the Trainer is built)
 from lightning_zero.checkpoint.resume import ExactResume
 from lightning_zero.checkpoint.validate import check_checkpoint
-from lightning_zero.errors import ZeroConfigError
+from lightning_zero.errors import LightningZeroError, ZeroConfigError
 from lightning_zero.strategies.presets import PRESETS, check_strategy_name
+
+#: Arguments the task and its data module must agree on: the data module's value is the task's.
+SHARED_ARGUMENTS = ("tokenizer", "tokenizer_cache_dir", "max_target_length")
 
 
 class ZeroCLI(LightningCLI):
-    """LightningCLI that checks short strategy names before anything is built."""
+    """LightningCLI that checks short strategy names before anything is built, and gives the task the data
+    module's tokenizer (and the other :data:`SHARED_ARGUMENTS`), so a config names them once, under ``data``."""
+
+    def add_arguments_to_parser(self, parser: Any) -> None:
+        for name in SHARED_ARGUMENTS:
+            parser.link_arguments(f"data.init_args.{name}", f"model.init_args.{name}")
 
     def before_instantiate_classes(self) -> None:
         strategy = self._active_config().get("trainer", {}).get("strategy")
@@ -121,11 +129,11 @@ def _why_not_a_strategy(path: str) -> str:
     return "not a strategy name, nor a class_path + init_args file."
 
 
-def _config_error_in_chain(error: BaseException) -> ZeroConfigError | None:
+def _config_error_in_chain(error: BaseException) -> LightningZeroError | None:
     seen: set[int] = set()
     current: BaseException | None = error
     while current is not None and id(current) not in seen:
-        if isinstance(current, ZeroConfigError):
+        if isinstance(current, LightningZeroError):
             return current
         seen.add(id(current))
         current = current.__cause__ or current.__context__
@@ -202,7 +210,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             status: int = _subcommand(argv[0])(argv[1:])
             return status
         run_cli(argv)
-    except ZeroConfigError as error:
+    except LightningZeroError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
     return 0

@@ -17,14 +17,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from lightning_zero.data.text_corpus import (
-    TextBlocksDataModule,
-    pack_blocks,
-    rotten_tomatoes_texts,
-    split_texts,
-)
+from lightning_zero.data.corpora import corpus_texts
+from lightning_zero.data.text_corpus import TextBlocksDataModule, pack_blocks, split_texts
 from lightning_zero.errors import ZeroConfigError
-from lightning_zero.tasks.causal_lm import CausalLMTask, TokenPerplexity, fresh_fp32_metrics, token_nll
+from lightning_zero.tasks.causal_lm import CausalLMTask
+from lightning_zero.tasks.metrics import TokenPerplexity, bleu_metric, token_nll
+from tests.helpers.runif import RunIf
 
 TOKENIZER = "bpe:chitchat:1024"
 WORKER_TIMEOUT_S = 240
@@ -50,7 +48,7 @@ def test_pack_blocks_concatenates_with_eos_and_drops_the_tail() -> None:
 
 
 def test_rotten_tomatoes_reviews_without_plots() -> None:
-    texts = rotten_tomatoes_texts()
+    texts = list(corpus_texts("rotten-tomatoes"))
     assert len(texts) == 12_808
     train, val = split_texts(texts, 0.1, seed=0)
     assert len(val) == 1281 and len(train) == 12_808 - 1281
@@ -73,8 +71,8 @@ def test_text_blocks_from_shipped_corpora(corpus: str, cache_dir: str) -> None:
     assert len(decoded.split()) > 5
 
 
+@RunIf(datasets=True)
 def test_text_blocks_through_datasets_on_local_files(tmp_path: Path, cache_dir: str) -> None:
-    pytest.importorskip("datasets")
     (tmp_path / "train.txt").write_text("the quick brown fox jumps over the lazy dog\n" * 40)
     (tmp_path / "valid.txt").write_text("hello there how are you doing today\n" * 10)
     dm = TextBlocksDataModule(
@@ -116,12 +114,13 @@ def test_perplexity_weights_tokens_not_batches() -> None:
     assert values["perplexity"].item() == pytest.approx(math.e)
 
 
-def test_metric_states_come_back_to_fp32() -> None:
+def test_metric_states_keep_their_dtype_when_the_module_is_cast() -> None:
     task = CausalLMTask()
+    task.model = torch.nn.Linear(2, 2)
     task.to(torch.bfloat16)  # what `*-true` precision does to the whole module
-    assert task.val_perplexity.nll_sum.dtype == torch.bfloat16
-    fresh_fp32_metrics(task)
-    assert task.val_perplexity.nll_sum.dtype == torch.float32
+    assert task.model.weight.dtype == torch.bfloat16  # the model was cast
+    assert task.val_perplexity.nll_sum.dtype == torch.float64  # the metric's float64 sums were not
+    assert set(task._modules) == {"model", "val_perplexity"}  # both attributes are back in place
 
 
 def test_causal_lm_learns_on_chitchat(cache_dir: str) -> None:
@@ -168,8 +167,6 @@ def _fixed_item(index: int) -> tuple[torch.Tensor, torch.Tensor, str, str]:
 
 
 def _reference_metrics() -> dict[str, float]:
-    from lightning_zero.tasks.seq2seq import bleu_metric
-
     perplexity, bleu = TokenPerplexity(), bleu_metric()
     for index in range(_ITEMS):
         logits, labels, prediction, reference = _fixed_item(index)

@@ -9,7 +9,9 @@ from torchmetrics import Metric
 
 from lightning_zero.data.movie_reviews import MovieReviewsDataModule
 from lightning_zero.errors import ZeroConfigError
-from lightning_zero.tasks.classification import SequenceClassificationTask, is_no_decay, parameter_groups
+from lightning_zero.tasks import base
+from lightning_zero.tasks.classification import SequenceClassificationTask
+from lightning_zero.tasks.optimization import decay_parameter_names, parameter_groups
 
 MINILM = "sentence-transformers/all-MiniLM-L6-v2"
 
@@ -124,25 +126,36 @@ def test_metrics_match_a_manual_computation(num_labels):
 # --- optimizer ----------------------------------------------------------------------------------------------
 
 
-def test_no_decay_for_biases_and_norms():
-    assert is_no_decay("model.bert.encoder.layer.0.attention.output.LayerNorm.weight")
-    assert is_no_decay("model.classifier.bias")
-    assert not is_no_decay("model.bert.encoder.layer.0.attention.self.query.weight")
+def test_no_decay_for_biases_and_norms() -> None:
     task = _tiny_task()
-    groups = parameter_groups(task.named_parameters(), 0.05)
+    assert task.model is not None
+    groups = parameter_groups(task.model, 0.05)
     decayed = {id(p) for p in groups[0]["params"]}
-    names = {name for name, p in task.named_parameters() if id(p) in decayed}
+    names = {name for name, p in task.model.named_parameters() if id(p) in decayed}
     assert groups[0]["weight_decay"] == 0.05 and groups[1]["weight_decay"] == 0.0
-    assert "model.classifier.weight" in names and not any("bias" in n or "LayerNorm" in n for n in names)
-    assert sum(len(g["params"]) for g in groups) == len(list(task.parameters()))
+    assert "classifier.weight" in names and not any("bias" in n or "LayerNorm" in n for n in names)
+    assert sum(len(g["params"]) for g in groups) == len(list(task.model.parameters()))
 
 
-def test_optimizer_is_adamw_with_linear_warmup_and_decay_per_step(monkeypatch):
+def test_one_no_decay_rule_for_every_tasks_model() -> None:
+    from transformers import AutoModelForCausalLM, AutoModelForSeq2SeqLM
+
+    from lightning_zero.models.loading import build_model
+
+    gpt2 = decay_parameter_names(build_model(AutoModelForCausalLM, "shape:tiny-gpt2", vocab_size=64))
+    assert "transformer.h.0.attn.c_attn.weight" in gpt2 and "transformer.h.0.ln_1.weight" not in gpt2
+    t5 = decay_parameter_names(build_model(AutoModelForSeq2SeqLM, "shape:tiny-t5", vocab_size=64))
+    assert "encoder.block.0.layer.0.SelfAttention.q.weight" in t5
+    assert not any("layer_norm" in name for name in t5)  # T5's own norm class, found by name
+
+
+def test_optimizer_is_adamw_with_linear_warmup_and_decay_per_step(monkeypatch: pytest.MonkeyPatch) -> None:
     task = _tiny_task(learning_rate=1e-3, warmup_ratio=0.1)
-    monkeypatch.setattr(SequenceClassificationTask, "_total_steps", lambda self: 100)
+    monkeypatch.setattr(base, "training_steps", lambda module: 100)
     config = task.configure_optimizers()
     optimizer, scheduler = config["optimizer"], config["lr_scheduler"]["scheduler"]
     assert type(optimizer) is torch.optim.AdamW and config["lr_scheduler"]["interval"] == "step"
+    assert optimizer.defaults["weight_decay"] == 0.01  # the task's, so DeepSpeed's `auto` fills the right value
     rates = []
     for _ in range(100):
         rates.append(optimizer.param_groups[0]["lr"])
@@ -150,6 +163,15 @@ def test_optimizer_is_adamw_with_linear_warmup_and_decay_per_step(monkeypatch):
         scheduler.step()
     assert rates[0] == 0.0 and rates[10] == pytest.approx(1e-3) and rates[5] == pytest.approx(5e-4)
     assert rates[55] == pytest.approx(1e-3 * 45 / 90) and optimizer.param_groups[0]["lr"] == 0.0
+
+
+def test_unknown_number_of_training_steps_is_an_error() -> None:
+    from lightning_zero.tasks.causal_lm import CausalLMTask
+
+    for task in (_tiny_task(), CausalLMTask()):
+        task.model = task.model or torch.nn.Linear(2, 2)
+        with pytest.raises(ZeroConfigError, match="number of training steps is unknown"):
+            task.configure_optimizers()
 
 
 # --- learning -----------------------------------------------------------------------------------------------

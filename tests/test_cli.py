@@ -140,8 +140,3 @@ def test_cpu_twin_runs_a_few_steps(config, tmp_path):
 def test_example_runs(tmp_path):
     output = run_script(REPO / "examples" / "zero3_offload_trainer.py", "--max-steps", "3", timeout=600, cwd=tmp_path)
     assert "zero3_offload finished" in output
-
-
-def test_run_script_kills_a_hanging_process_group():
-    with pytest.raises(AssertionError, match="timed out"):
-        run_script(Path("-c"), "import time; time.sleep(60)", timeout=2)

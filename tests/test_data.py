@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import csv
 import json
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 from lightning.fabric.utilities.data import _replace_dunder_methods
 from lightning.pytorch.utilities.data import _update_dataloader
-from torch.utils.data import BatchSampler, DataLoader
+from torch.utils.data import BatchSampler, RandomSampler
 from torch.utils.data.distributed import DistributedSampler
 
 from lightning_zero.data.batching import (
@@ -29,8 +28,9 @@ from lightning_zero.data.text_files import (
     limit_examples,
     split_examples,
 )
-from lightning_zero.errors import ZeroConfigError
+from lightning_zero.errors import ZeroConfigError, ZeroDataError
 from lightning_zero.models.loading import load_tokenizer
+from tests.helpers.runif import RunIf
 
 TOKENIZER = "sentence-transformers/all-MiniLM-L6-v2"
 
@@ -190,15 +190,14 @@ def test_lightning_can_inject_its_distributed_sampler_into_the_bucket_sampler():
     assert sorted(i for b in updated.batch_sampler for i in b) == sorted(injected)
 
 
-def test_dataloaders_shard_by_rank_without_bucketing():
+def test_dataloaders_leave_sharding_to_lightning() -> None:
     dataset = TokenizedDataset({"input_ids": [[1, 2]] * 30}, list(range(30)))
-    labels = []
-    for rank in (0, 1):
-        loader = build_dataloader(dataset, DynamicPaddingCollator(0), 4, train=True, num_replicas=2, rank=rank, seed=2)
-        assert isinstance(loader, DataLoader) and isinstance(loader.sampler, DistributedSampler)
-        labels.append([label for batch in loader for label in batch["labels"].tolist()])
-    assert len(labels[0]) == len(labels[1]) == 15
-    assert sorted(labels[0] + labels[1]) == list(range(30))
+    loader = build_dataloader(dataset, DynamicPaddingCollator(0), 4, train=True)
+    assert isinstance(loader.sampler, RandomSampler)  # Lightning swaps in its DistributedSampler
+    labels = [label for batch in loader for label in batch["labels"].tolist()]
+    assert sorted(labels) == list(range(30)) and labels != list(range(30))
+    evaluation = build_dataloader(dataset, DynamicPaddingCollator(0), 4, train=False)
+    assert [label for batch in evaluation for label in batch["labels"].tolist()] == list(range(30))
 
 
 # --- local files --------------------------------------------------------------------------------------------
@@ -246,12 +245,12 @@ def test_files_datamodule_reads_json_pairs_with_a_validation_file(tmp_path):
 
 def test_files_datamodule_names_missing_columns_and_bad_files(tmp_path):
     train = _write_csv(tmp_path / "train.csv", ROWS)
-    with pytest.raises(ZeroConfigError, match=r"no column 'text': choose one of \['label', 'other', 'sentence'\]"):
+    with pytest.raises(ZeroDataError, match=r"no column 'text': choose one of \['label', 'other', 'sentence'\]"):
         TextClassificationFilesDataModule(str(train)).setup()
-    with pytest.raises(ZeroConfigError, match="does not exist"):
+    with pytest.raises(ZeroDataError, match="does not exist"):
         TextClassificationFilesDataModule(str(tmp_path / "nope.csv")).setup()
     (tmp_path / "data.parquet").write_text("x")
-    with pytest.raises(ZeroConfigError, match=r"use \.csv, \.tsv, \.json or \.jsonl"):
+    with pytest.raises(ZeroDataError, match=r"use \.csv, \.tsv, \.json or \.jsonl"):
         TextClassificationFilesDataModule(str(tmp_path / "data.parquet")).setup()
 
 
@@ -261,15 +260,15 @@ def test_encode_labels():
     assert encode_labels(["b", "a", "c"]) == ([1, 0, 2], ["a", "b", "c"])
     assert encode_labels(["fresh", "rotten"], ["rotten", "fresh"]) == ([1, 0], ["rotten", "fresh"])
     assert encode_labels(["1.5", "2"])[1] == ["1.5", "2"]
-    with pytest.raises(ZeroConfigError, match="not in label_names"):
+    with pytest.raises(ZeroDataError, match="not in label_names"):
         encode_labels(["x"], ["a", "b"])
 
 
 # --- GLUE through `datasets` ------------------------------------------------------------------------------
 
 
+@RunIf(datasets=True)
 def test_glue_module_reads_local_pairs_through_datasets(tmp_path):
-    pytest.importorskip("datasets")
     from lightning_zero.data.glue import GlueDataModule
 
     rows = [{"sentence1": r["sentence"], "sentence2": r["other"], "label": int(r["label"] == "pos")} for r in ROWS]
@@ -290,7 +289,8 @@ def test_glue_module_reads_local_pairs_through_datasets(tmp_path):
 
 
 def test_glue_defaults_to_the_task_columns_and_names_a_missing_datasets(monkeypatch):
-    from lightning_zero.data.glue import GlueDataModule, import_datasets
+    from lightning_zero.data import packages
+    from lightning_zero.data.glue import GlueDataModule
 
     module = GlueDataModule()
     assert (module.dataset, module.subset, module.text_column, module.text_pair_column) == (
@@ -300,15 +300,29 @@ def test_glue_defaults_to_the_task_columns_and_names_a_missing_datasets(monkeypa
         "sentence2",
     )
     assert GlueDataModule(subset="sst2").text_pair_column is None
-    monkeypatch.setitem(sys.modules, "datasets", None)
+    monkeypatch.setattr(packages, "DATASETS", False)
     with pytest.raises(ZeroConfigError, match=r"pip install datasets"):
-        import_datasets()
+        GlueDataModule().prepare_data()
 
 
+@RunIf(datasets=True)
 def test_glue_module_names_a_missing_local_file(tmp_path):
-    pytest.importorskip("datasets")
     from lightning_zero.data.glue import GlueDataModule
 
     module = GlueDataModule(dataset="csv", subset=None, data_files={"train": str(tmp_path / "missing.csv")})
-    with pytest.raises(ZeroConfigError, match="use dataset: csv/json with data_files"):
+    with pytest.raises(ZeroDataError, match="use dataset: csv/json with data_files"):
         module.prepare_data()
+
+
+def test_a_data_error_is_one_cli_error_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from lightning_zero.cli import main
+
+    config = Path(__file__).parent / "data" / "cli_tiny.yaml"
+    data = "lightning_zero.data.text_files.TextClassificationFilesDataModule"
+    missing = str(tmp_path / "missing.csv")
+    status = main(
+        ["fit", "--config", str(config), "--trainer.devices", "1", "--trainer.strategy", "single_device",
+         "--trainer.default_root_dir", str(tmp_path), "--data", data, "--data.train_file", missing]
+    )  # fmt: skip
+    error = capsys.readouterr().err.strip().splitlines()
+    assert status == 2 and error[-1].startswith("error: Data file") and "does not exist" in error[-1]

@@ -10,10 +10,13 @@ from lightning_zero.errors import ZeroConfigError
 from lightning_zero.strategies.deepspeed_config import (
     DeepSpeedZeroConfig,
     TrainerValues,
+    has_module_autos,
     load_deepspeed_config,
     offloads_optimizer,
     resolve_auto,
+    resolve_module_autos,
     to_deepspeed_config,
+    zero_config_of,
     zero_stage,
 )
 from lightning_zero.strategies.presets import PRESETS
@@ -90,31 +93,59 @@ def test_precision_conflict_names_both():
         resolve_auto({"fp16": {"enabled": True}}, VALUES)
 
 
-def test_optimizer_and_scheduler_auto_from_module_and_trainer():
-    values = TrainerValues(
-        micro_batch_size=8,
-        optimizer_hparams={"lr": 3e-4, "weight_decay": 0.1, "betas": (0.9, 0.95), "eps": 1e-8},
-        total_steps=1000,
-    )
-    config = resolve_auto(
-        {
-            "optimizer": {"type": "AdamW", "params": {"lr": "auto", "weight_decay": "auto", "betas": "auto"}},
-            "scheduler": {
-                "type": "WarmupDecayLR",
-                "params": {"total_num_steps": "auto", "warmup_max_lr": "auto", "warmup_num_steps": 10},
-            },
+def test_optimizer_and_scheduler_auto_from_module_and_trainer() -> None:
+    module_sections = {
+        "optimizer": {"type": "AdamW", "params": {"lr": "auto", "weight_decay": "auto", "betas": "auto"}},
+        "scheduler": {
+            "type": "WarmupDecayLR",
+            "params": {"total_num_steps": "auto", "warmup_max_lr": "auto", "warmup_num_steps": 10},
         },
-        values,
-    )
+    }
+    # Before the model exists only the Trainer's values are filled; the module's wait for its optimizer.
+    early = resolve_auto(module_sections, VALUES)
+    assert has_module_autos(early) and early["optimizer"] == module_sections["optimizer"]
+    hparams = {"lr": 3e-4, "weight_decay": 0.1, "betas": (0.9, 0.95), "eps": 1e-8, "amsgrad": False}
+    config = resolve_module_autos(early, hparams, total_steps=1000)
+    assert not has_module_autos(config)
     assert config["optimizer"]["params"] == {"lr": 3e-4, "weight_decay": 0.1, "betas": [0.9, 0.95]}
     assert config["scheduler"]["params"] == {"total_num_steps": 1000, "warmup_max_lr": 3e-4, "warmup_num_steps": 10}
 
 
-def test_auto_that_cannot_be_inferred_is_an_error():
+def test_auto_that_cannot_be_inferred_is_an_error() -> None:
     with pytest.raises(ZeroConfigError, match=r"optimizer.params.momentum: auto"):
-        resolve_auto({"optimizer": {"type": "SGD", "params": {"momentum": "auto"}}}, VALUES)
+        resolve_module_autos({"optimizer": {"type": "SGD", "params": {"momentum": "auto"}}}, {"lr": 0.1}, 10)
     with pytest.raises(ZeroConfigError, match=r"zero_optimization.reduce_bucket_size"):
         resolve_auto({"zero_optimization": {"reduce_bucket_size": "auto"}}, VALUES)
+
+
+def test_fp16_block_is_added_once_with_deepspeeds_loss_scaling_when_a_file_has_none() -> None:
+    config = resolve_auto({"zero_optimization": {"stage": 2}}, TrainerValues(micro_batch_size=1, precision="16-mixed"))
+    assert config["fp16"] == {"enabled": True}  # DeepSpeed's own loss-scale defaults apply
+    assert "bf16" not in resolve_auto({}, VALUES) and "fp16" not in resolve_auto({}, VALUES)
+
+
+def test_a_deepspeed_config_file_is_what_the_strategy_reads() -> None:
+    ds_config = {
+        "zero_optimization": {"stage": 3, "offload_param": {"device": "cpu"}, "offload_optimizer": {"device": "cpu"}},
+        "fp16": {"enabled": "auto", "initial_scale_power": 8, "loss_scale_window": 100},
+    }
+    zero = zero_config_of(ds_config)
+    assert (zero.stage, zero.offload_optimizer, zero.offload_parameters) == (3, "cpu", "cpu")
+    assert (zero.initial_scale_power, zero.loss_scale_window) == (8, 100)
+    assert zero_config_of({}).stage == 0 and not zero_config_of({}).offloads
+    with pytest.raises(ZeroConfigError, match=r"got 4: fix `zero_optimization.stage`"):
+        zero_config_of({"zero_optimization": {"stage": 4}})
+
+
+def test_the_strategy_takes_placement_and_loss_scaling_from_a_config_file() -> None:
+    from lightning_zero.strategies.deepspeed import ZeroStrategy
+
+    ds_config = {"zero_optimization": {"stage": 3, "offload_param": {"device": "cpu"}}, "fp16": {"hysteresis": 4}}
+    strategy = ZeroStrategy(deepspeed_config=ds_config)
+    assert strategy.zero.stage == 3 and strategy.remote_device == "cpu"
+    assert strategy.config["fp16"] == {"hysteresis": 4}  # loss scaling travels in the config, once
+    preset = ZeroStrategy(zero={"stage": 3, "offload_parameters": "cpu", "offload_optimizer": "cpu"})
+    assert preset.remote_device == "cpu" and preset.config["fp16"]["loss_scale_window"] == 1000
 
 
 def test_resolve_does_not_mutate_its_input():

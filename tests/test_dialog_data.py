@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import json
 import shutil
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
 from lightning_zero.data import tokenizers as tokenizers_module
+from lightning_zero.data.corpora import load_chatterbot, load_chitchat
 from lightning_zero.data.dialog import (
     ChatterbotDataModule,
     ChitChatDataModule,
@@ -19,12 +19,11 @@ from lightning_zero.data.dialog import (
     HFDialogDataModule,
     dialog_pairs,
     format_source,
-    load_chatterbot,
-    load_chitchat,
-    split_conversations,
 )
+from lightning_zero.data.splits import seeded_split
 from lightning_zero.data.tokenizers import cached_bpe, get_tokenizer, parse_bpe_spec, special_ids, train_bpe
 from lightning_zero.errors import ZeroConfigError
+from tests.helpers.runif import RunIf
 
 TOKENIZER = "bpe:chitchat:1024"
 
@@ -75,11 +74,13 @@ def test_blank_turns_make_no_pairs_but_keep_alternation() -> None:
     assert [(p.source, p.target) for p in pairs] == [("<speaker1>a<speaker2><speaker1>c", "d")]
 
 
-def test_split_is_by_conversation_deterministic_and_disjoint() -> None:
-    train, val = split_conversations(100, 0.1, seed=3)
+def test_split_is_deterministic_and_disjoint() -> None:
+    train, val = seeded_split(100, 0.1, seed=3)
     assert len(val) == 10 and not set(train) & set(val) and sorted(train + val) == list(range(100))
-    assert (train, val) == split_conversations(100, 0.1, seed=3)
-    assert val != split_conversations(100, 0.1, seed=4)[1]
+    assert (train, val) == seeded_split(100, 0.1, seed=3)
+    assert val != seeded_split(100, 0.1, seed=4)[1]
+    with pytest.raises(ZeroConfigError, match="val_fraction"):
+        seeded_split(100, 1.0, seed=3)
 
 
 def test_chitchat_module_limits_and_keeps_conversations_apart(cache_dir: Path) -> None:
@@ -91,7 +92,7 @@ def test_chitchat_module_limits_and_keeps_conversations_apart(cache_dir: Path) -
     assert len(full.train_pairs) + len(full.val_pairs) == 131_548
     assert not {p.conversation for p in full.train_pairs} & {p.conversation for p in full.val_pairs}
     conversations = load_chitchat()
-    expected_val = {i for i in split_conversations(7168, 0.05, seed=0)[1] if len(conversations[i]) > 1}
+    expected_val = {i for i in seeded_split(7168, 0.05, seed=0)[1] if len(conversations[i]) > 1}
     assert {p.conversation for p in full.val_pairs} == expected_val  # 3,150 conversations have a single turn
 
 
@@ -141,8 +142,8 @@ def _write_jsonl(path: Path, rows: list[dict]) -> str:
     return str(path)
 
 
+@RunIf(datasets=True)
 def test_hf_dialog_module_on_local_json(tmp_path: Path, cache_dir: Path) -> None:
-    pytest.importorskip("datasets")
     train = _write_jsonl(tmp_path / "train.jsonl", [{"turns": ["hi", "hello", "how are you", "fine"]}] * 3)
     val = _write_jsonl(tmp_path / "val.jsonl", [{"turns": ["yes", "no"]}])
     dm = HFDialogDataModule(
@@ -153,8 +154,8 @@ def test_hf_dialog_module_on_local_json(tmp_path: Path, cache_dir: Path) -> None
     assert next(iter(dm.val_dataloader()))["references"] == ["no"]
 
 
+@RunIf(datasets=True)
 def test_hf_dialog_module_splits_by_row_without_validation_file(tmp_path: Path, cache_dir: Path) -> None:
-    pytest.importorskip("datasets")
     rows = [{"dialog": [f"q{i}", f"a{i}"]} for i in range(20)]
     dm = HFDialogDataModule(
         data_files={"train": _write_jsonl(tmp_path / "t.jsonl", rows)},
@@ -168,7 +169,9 @@ def test_hf_dialog_module_splits_by_row_without_validation_file(tmp_path: Path, 
 
 
 def test_missing_datasets_names_the_install(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setitem(sys.modules, "datasets", None)
+    from lightning_zero.data import packages
+
+    monkeypatch.setattr(packages, "DATASETS", False)
     with pytest.raises(ZeroConfigError, match="pip install datasets"):
         HFDialogDataModule(data_files={"train": "x.jsonl"}).conversations()
 

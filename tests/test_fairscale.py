@@ -36,6 +36,7 @@ from lightning_zero.strategies.fairscale_config import (
 from lightning_zero.strategies.presets import build_preset
 from tests.helpers.backend_runs import result_name
 from tests.helpers.launch import run_script
+from tests.helpers.parity import assert_same_training, load_result
 from tests.helpers.runif import RunIf
 
 RUNNER = Path(__file__).parent / "helpers" / "backend_runs.py"
@@ -69,19 +70,7 @@ def runs(tmp_path_factory) -> SimpleNamespace:
 
 
 def load(runs: SimpleNamespace, run: str) -> dict:
-    return torch.load(runs.out / f"{result_name(run)}.pt", weights_only=False)
-
-
-def assert_same_training(result: dict, reference: dict, tolerance: dict) -> None:
-    assert len(result["losses"]) == len(reference["losses"]) > 0
-    torch.testing.assert_close(
-        torch.tensor(result["losses"]), torch.tensor(reference["losses"]), atol=tolerance["loss"], rtol=0
-    )
-    assert result["state_dict"].keys() == reference["state_dict"].keys()
-    difference = max(
-        (result["state_dict"][k] - reference["state_dict"][k]).abs().max().item() for k in result["state_dict"]
-    )
-    assert difference <= tolerance["weight"]
+    return load_result(runs.out, run)
 
 
 # --- 2-process runs ---------------------------------------------------------------------------------------------

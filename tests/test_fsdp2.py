@@ -30,6 +30,7 @@ from lightning_zero.strategies.fsdp2_config import FSDP2ZeroConfig, fully_shard_
 from lightning_zero.strategies.presets import build_preset
 from tests.helpers.backend_runs import result_name
 from tests.helpers.launch import run_script
+from tests.helpers.parity import assert_same_training, load_result
 from tests.helpers.runif import RunIf
 
 RUNNER = Path(__file__).parent / "helpers" / "backend_runs.py"
@@ -65,20 +66,7 @@ def runs(tmp_path_factory) -> SimpleNamespace:
 
 
 def load(runs: SimpleNamespace, run: str) -> dict:
-    return torch.load(runs.out / f"{result_name(run)}.pt", weights_only=False)
-
-
-def max_difference(a: dict, b: dict) -> float:
-    assert a.keys() == b.keys()
-    return max((a[key] - b[key]).abs().max().item() for key in a)
-
-
-def assert_same_training(result: dict, reference: dict, tolerance: dict) -> None:
-    assert len(result["losses"]) == len(reference["losses"]) > 0
-    torch.testing.assert_close(
-        torch.tensor(result["losses"]), torch.tensor(reference["losses"]), atol=tolerance["loss"], rtol=0
-    )
-    assert max_difference(result["state_dict"], reference["state_dict"]) <= tolerance["weight"]
+    return load_result(runs.out, run)
 
 
 def later_half(result: dict) -> dict:

@@ -17,6 +17,9 @@ import pytest
 import torch
 
 from tests.helpers.launch import run_script
+from tests.helpers.parity import load_result as load
+from tests.helpers.parity import max_weight_difference
+from tests.helpers.runif import RunIf
 from tests.helpers.tiny import TinyLM, token_data
 
 RUNNER = Path(__file__).parent / "helpers" / "parity_run.py"
@@ -28,16 +31,8 @@ CONFIG_FILES = {"ds_no_clipping": EXACT, "ds_auto": EXACT}
 STEPS = 12
 
 
-def nvme_offload_builds() -> bool:
-    """DeepSpeed's async I/O op needs libaio (Debian: libaio-dev); CI installs it."""
-    from deepspeed.accelerator import get_accelerator
-
-    builder = get_accelerator().create_op_builder("AsyncIOBuilder")
-    return builder is not None and builder.is_compatible(verbose=False)
-
-
-NVME = nvme_offload_builds()
-NEEDS_LIBAIO = pytest.mark.skipif(not NVME, reason="needs libaio (libaio-dev) for DeepSpeed's async I/O op")
+NEEDS_LIBAIO = RunIf(libaio=True)
+NVME = not NEEDS_LIBAIO.args[0]
 NVME_PRESET = pytest.param("zero3_offload_nvme", marks=NEEDS_LIBAIO)
 
 
@@ -49,15 +44,6 @@ def parity_runs(tmp_path_factory) -> Path:
     specs = ["ddp", *PRESETS, *files, *nvme]
     run_script(RUNNER, str(out), "--steps", str(STEPS), "--strategies", *specs, timeout=900)
     return out
-
-
-def load(directory: Path, name: str) -> dict:
-    return torch.load(directory / f"{name}.pt")
-
-
-def max_weight_difference(a: dict, b: dict) -> float:
-    assert a.keys() == b.keys()
-    return max((a[key] - b[key]).abs().max().item() for key in a)
 
 
 @pytest.mark.parametrize("name", [*PRESETS, *CONFIG_FILES, NVME_PRESET])

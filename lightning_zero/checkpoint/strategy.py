@@ -36,7 +36,7 @@ class SafeCheckpoints:
         route = resume_route(path, checkpoint_manifest(path), backend, stage, self.world_size)  # type: ignore[attr-defined]
         if route == UNIVERSAL:
             path = self._universal(path)
-        return super().load_checkpoint(path, weights_only)  # type: ignore[misc, no-any-return]
+        return super().load_checkpoint(path, weights_only)  # type: ignore[misc]
 
     def _universal(self, path: Path) -> Path:
         """Convert on rank 0, then have every rank's DeepSpeed engine load the universal form."""

@@ -4,12 +4,10 @@ Dynamic padding pads each batch to its own longest sequence rather than to ``max
 (most movie-review snippets and MRPC pairs are far below 128 tokens) this is most of the speed of a run.
 Length bucketing goes further: batches are cut from runs of similar length, so there is little padding left.
 
-Distributed runs: :class:`LengthBucketBatchSampler` wraps an index sampler, normally a
-:class:`~torch.utils.data.distributed.DistributedSampler`. The wrapped sampler decides which indices this rank
-sees (a disjoint shard, reshuffled per epoch through ``set_epoch``); the batch sampler only regroups them. Lightning
-re-creates batch samplers with its own ``DistributedSampler`` under DDP/DeepSpeed (``use_distributed_sampler``),
-which keeps these semantics; with ``use_distributed_sampler=False`` the data modules pass a rank-aware sampler
-themselves.
+Distributed runs: sharding is Lightning's (``use_distributed_sampler``). :class:`LengthBucketBatchSampler` is a batch
+sampler of its own because bucketing regroups indices into batches, which no index sampler can; it wraps an index
+sampler, and Lightning re-creates it around its ``DistributedSampler`` (a disjoint shard per rank, reshuffled per
+epoch through ``set_epoch``), so the batch sampler only regroups this rank's indices.
 """
 
 from __future__ import annotations
@@ -19,11 +17,10 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from torch.utils.data import BatchSampler, DataLoader, Dataset, Sampler
-from torch.utils.data.distributed import DistributedSampler
+from torch.utils.data import BatchSampler, DataLoader, Dataset, RandomSampler, Sampler, SequentialSampler
 from transformers import PreTrainedTokenizerBase
 
-from lightning_zero.errors import ZeroConfigError
+from lightning_zero.errors import ZeroConfigError, ZeroDataError
 
 #: The token features a classification model takes, padded with these values.
 PAD_VALUES = {"input_ids": None, "attention_mask": 0, "token_type_ids": 0}
@@ -41,7 +38,7 @@ class TextExamples:
         if len(self.texts) != len(self.labels) or (
             self.text_pairs is not None and len(self.text_pairs) != len(self.texts)
         ):
-            raise ZeroConfigError("Texts, text pairs and labels differ in length: check the data's columns.")
+            raise ZeroDataError("Texts, text pairs and labels differ in length: check the data's columns.")
 
     def __len__(self) -> int:
         return len(self.texts)
@@ -192,25 +189,21 @@ def build_dataloader(
     train: bool,
     num_workers: int = 0,
     bucket_by_length: bool = False,
-    num_replicas: int = 1,
-    rank: int = 0,
     seed: int = 0,
 ) -> DataLoader:
-    """A data loader over this rank's shard of ``dataset``, padded per batch, optionally length-bucketed.
+    """A data loader over ``dataset``, padded per batch, shuffled for training, optionally length-bucketed.
 
-    The index sampler is always a ``DistributedSampler`` (one replica when not distributed), so every rank sees
-    a disjoint shard, reshuffled per epoch for training and in order for evaluation.
+    Distributed runs shard it through Lightning (``use_distributed_sampler``), which swaps in its
+    ``DistributedSampler``, also inside the bucketing batch sampler.
     """
-    sampler: DistributedSampler[int] = DistributedSampler(
-        dataset, num_replicas=num_replicas, rank=rank, shuffle=train, seed=seed
-    )
     common: dict[str, Any] = {
         "collate_fn": collator,
         "num_workers": num_workers,
         "persistent_workers": num_workers > 0,
     }
     if not bucket_by_length:
-        return DataLoader(dataset, batch_size=batch_size, sampler=sampler, drop_last=False, **common)
+        return DataLoader(dataset, batch_size=batch_size, shuffle=train, drop_last=False, **common)
+    sampler: Sampler[int] = RandomSampler(dataset) if train else SequentialSampler(dataset)
     batch_sampler = LengthBucketBatchSampler(
         sampler, batch_size, drop_last=False, lengths=dataset.lengths, shuffle=train, seed=seed
     )

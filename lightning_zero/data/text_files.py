@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import csv
 import json
-import random
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -24,7 +23,8 @@ from lightning_zero.data.batching import (
     build_dataloader,
     tokenize_examples,
 )
-from lightning_zero.errors import ZeroConfigError
+from lightning_zero.data.splits import seeded_split
+from lightning_zero.errors import ZeroConfigError, ZeroDataError
 from lightning_zero.models.loading import load_tokenizer
 
 DEFAULT_TOKENIZER = "sentence-transformers/all-MiniLM-L6-v2"
@@ -33,12 +33,8 @@ TRAIN, VALIDATION = "train", "validation"
 
 def split_examples(examples: TextExamples, val_fraction: float, seed: int) -> dict[str, TextExamples]:
     """A deterministic random train/validation split: the same ``seed`` gives the same split on every rank."""
-    if not 0.0 < val_fraction < 1.0:
-        raise ZeroConfigError(f"val_fraction must be between 0 and 1, got {val_fraction}: use e.g. 0.1.")
-    order = list(range(len(examples)))
-    random.Random(seed).shuffle(order)
-    n_val = max(1, round(len(order) * val_fraction))
-    return {TRAIN: examples.take(order[n_val:]), VALIDATION: examples.take(order[:n_val])}
+    train, val = seeded_split(len(examples), val_fraction, seed)
+    return {TRAIN: examples.take(train), VALIDATION: examples.take(val)}
 
 
 def limit_examples(examples: TextExamples, limit: int | None) -> TextExamples:
@@ -64,7 +60,7 @@ def encode_labels(
         index = {name: position for position, name in enumerate(names)}
         unknown = sorted({str(value) for value in raw} - index.keys())
         if unknown:
-            raise ZeroConfigError(f"Labels {unknown[:5]} are not in label_names {names}: add them to label_names.")
+            raise ZeroDataError(f"Labels {unknown[:5]} are not in label_names {names}: add them to label_names.")
         return [index[str(value)] for value in raw], names
     integers = _as_integers(raw)
     if integers is not None:
@@ -91,7 +87,7 @@ def read_records(path: str | Path) -> list[dict[str, Any]]:
     """Rows of a ``.csv``, ``.tsv``, ``.json`` (a list of objects or an object of columns) or ``.jsonl`` file."""
     path = Path(path).expanduser()
     if not path.is_file():
-        raise ZeroConfigError(f"Data file {str(path)!r} does not exist: check the path.")
+        raise ZeroDataError(f"Data file {str(path)!r} does not exist: check the path.")
     suffix = path.suffix.lower()
     if suffix in (".csv", ".tsv"):
         with path.open(newline="", encoding="utf-8") as handle:
@@ -101,7 +97,7 @@ def read_records(path: str | Path) -> list[dict[str, Any]]:
             return [json.loads(line) for line in handle if line.strip()]
     if suffix == ".json":
         return _json_records(path)
-    raise ZeroConfigError(f"Unsupported data file {path.name!r}: use .csv, .tsv, .json or .jsonl.")
+    raise ZeroDataError(f"Unsupported data file {path.name!r}: use .csv, .tsv, .json or .jsonl.")
 
 
 def _json_records(path: Path) -> list[dict[str, Any]]:
@@ -115,24 +111,24 @@ def _json_records(path: Path) -> list[dict[str, Any]]:
         try:
             return [dict(zip(columns, row, strict=True)) for row in zip(*data.values(), strict=True)]
         except ValueError:
-            raise ZeroConfigError(f"The columns of {path.name!r} differ in length: fix the JSON.") from None
+            raise ZeroDataError(f"The columns of {path.name!r} differ in length: fix the JSON.") from None
     if isinstance(data, list) and all(isinstance(row, Mapping) for row in data):
         return [dict(row) for row in data]
-    raise ZeroConfigError(f"{path.name!r} is not a list of objects nor an object of columns: reshape the JSON.")
+    raise ZeroDataError(f"{path.name!r} is not a list of objects nor an object of columns: reshape the JSON.")
 
 
 def column(records: Sequence[Mapping[str, Any]], name: str, source: str) -> list[Any]:
     """The values of column ``name``, or a one-line error listing the columns ``source`` has."""
     if records and name not in records[0]:
-        raise ZeroConfigError(f"{source!r} has no column {name!r}: choose one of {sorted(records[0])}.")
+        raise ZeroDataError(f"{source!r} has no column {name!r}: choose one of {sorted(records[0])}.")
     return [record[name] for record in records]
 
 
 class TextClassificationDataModule(LightningDataModule):
     """Base of the text-classification data modules: tokenise in ``setup``, pad per batch, shard per rank.
 
-    Subclasses implement :meth:`load_examples`. Under DDP/DeepSpeed each rank tokenises the (small) data itself
-    and takes its own shard in :meth:`train_dataloader` (``num_replicas``/``rank`` from the Trainer).
+    Subclasses implement :meth:`load_examples`. Under DDP/ZeRO each rank tokenises the (small) data itself and
+    Lightning's ``DistributedSampler`` gives it its own shard.
 
     Args:
         tokenizer: Tokenizer name or folder (a shipped model such as ``all-MiniLM-L6-v2`` loads offline).
@@ -142,7 +138,10 @@ class TextClassificationDataModule(LightningDataModule):
         num_workers: Data loader worker processes.
         bucket_by_length: Batch examples of similar length together (less padding; see
             :class:`~lightning_zero.data.batching.LengthBucketBatchSampler`).
-        seed: Seed of the train/validation split and of the shuffling.
+        seed: Seed of the train/validation split and of the length-bucketed batch order (plain shuffling follows
+            ``seed_everything``, as Lightning seeds its distributed sampler with it).
+        limit_train: Use only this many training examples (the first of the split; for quick runs).
+        limit_val: Use only this many validation examples.
     """
 
     def __init__(
@@ -154,6 +153,8 @@ class TextClassificationDataModule(LightningDataModule):
         num_workers: int = 0,
         bucket_by_length: bool = False,
         seed: int = 42,
+        limit_train: int | None = None,
+        limit_val: int | None = None,
     ) -> None:
         super().__init__()
         if max_length < 2 or batch_size < 1:
@@ -165,6 +166,7 @@ class TextClassificationDataModule(LightningDataModule):
         self.num_workers = num_workers
         self.bucket_by_length = bucket_by_length
         self.seed = seed
+        self.limits = {TRAIN: limit_train, VALIDATION: limit_val}
         self.datasets: dict[str, TokenizedDataset] = {}
         self.label_names: list[str] | None = None
         self.collator: DynamicPaddingCollator | None = None
@@ -191,18 +193,12 @@ class TextClassificationDataModule(LightningDataModule):
             raise ZeroConfigError(f"Tokenizer {self.tokenizer_name!r} has no pad token: use one that has.")
         self.collator = DynamicPaddingCollator(pad_token_id=int(tokenizer.pad_token_id))
         for split, examples in self.load_examples().items():
-            self.datasets[split] = tokenize_examples(tokenizer, examples, self.max_length)
-
-    def _replicas(self) -> tuple[int, int]:
-        trainer = self.trainer
-        if trainer is None:
-            return 1, 0
-        return int(trainer.world_size), int(trainer.global_rank)
+            limited = limit_examples(examples, self.limits[split])
+            self.datasets[split] = tokenize_examples(tokenizer, limited, self.max_length)
 
     def _dataloader(self, split: str, batch_size: int, train: bool) -> DataLoader:
         if split not in self.datasets or self.collator is None:
             raise ZeroConfigError(f"No {split!r} data: call `setup()` first (the Trainer does).")
-        num_replicas, rank = self._replicas()
         return build_dataloader(
             self.datasets[split],
             self.collator,
@@ -210,17 +206,15 @@ class TextClassificationDataModule(LightningDataModule):
             train=train,
             num_workers=self.num_workers,
             bucket_by_length=self.bucket_by_length,
-            num_replicas=num_replicas,
-            rank=rank,
             seed=self.seed,
         )
 
     def train_dataloader(self) -> DataLoader:
-        """This rank's shuffled shard of the training data, padded per batch."""
+        """The shuffled training data, padded per batch (one shard per rank under DDP/ZeRO)."""
         return self._dataloader(TRAIN, self.batch_size, train=True)
 
     def val_dataloader(self) -> DataLoader:
-        """This rank's shard of the validation data, in order, padded per batch."""
+        """The validation data, in order, padded per batch (one shard per rank under DDP/ZeRO)."""
         return self._dataloader(VALIDATION, self.eval_batch_size, train=False)
 
 
@@ -236,15 +230,7 @@ class TextClassificationFilesDataModule(TextClassificationDataModule):
         label_names: Label names in class order; by default integer labels are used as they are and names
             are numbered in sorted order.
         val_fraction: Share of ``train_file`` held out when there is no ``validation_file``.
-        limit_train: Use only this many training examples (a random subset; for quick runs).
-        limit_val: Use only this many validation examples.
-        tokenizer: See :class:`TextClassificationDataModule`.
-        max_length: See :class:`TextClassificationDataModule`.
-        batch_size: See :class:`TextClassificationDataModule`.
-        eval_batch_size: See :class:`TextClassificationDataModule`.
-        num_workers: See :class:`TextClassificationDataModule`.
-        bucket_by_length: See :class:`TextClassificationDataModule`.
-        seed: See :class:`TextClassificationDataModule`.
+        **kwargs: See :class:`~lightning_zero.data.text_files.TextClassificationDataModule`.
     """
 
     def __init__(
@@ -256,17 +242,9 @@ class TextClassificationFilesDataModule(TextClassificationDataModule):
         label_column: str = "label",
         label_names: list[str] | None = None,
         val_fraction: float = 0.1,
-        limit_train: int | None = None,
-        limit_val: int | None = None,
-        tokenizer: str = DEFAULT_TOKENIZER,
-        max_length: int = 128,
-        batch_size: int = 32,
-        eval_batch_size: int | None = None,
-        num_workers: int = 0,
-        bucket_by_length: bool = False,
-        seed: int = 42,
+        **kwargs: Any,
     ) -> None:
-        super().__init__(tokenizer, max_length, batch_size, eval_batch_size, num_workers, bucket_by_length, seed)
+        super().__init__(**kwargs)
         self.save_hyperparameters()
         self.train_file = train_file
         self.validation_file = validation_file
@@ -275,13 +253,11 @@ class TextClassificationFilesDataModule(TextClassificationDataModule):
         self.label_column = label_column
         self.given_label_names = label_names
         self.val_fraction = val_fraction
-        self.limit_train = limit_train
-        self.limit_val = limit_val
 
     def _read(self, path: str) -> tuple[list[str], list[str] | None, list[Any]]:
         records = read_records(path)
         if not records:
-            raise ZeroConfigError(f"Data file {path!r} has no rows: check the file.")
+            raise ZeroDataError(f"Data file {path!r} has no rows: check the file.")
         texts = [str(text) for text in column(records, self.text_column, path)]
         pairs = None
         if self.text_pair_column is not None:
@@ -302,7 +278,4 @@ class TextClassificationFilesDataModule(TextClassificationDataModule):
                 TRAIN: TextExamples(train_texts, labels[:n_train], train_pairs),
                 VALIDATION: TextExamples(val_texts, labels[n_train:], val_pairs),
             }
-        return {
-            TRAIN: limit_examples(splits[TRAIN], self.limit_train),
-            VALIDATION: limit_examples(splits[VALIDATION], self.limit_val),
-        }
+        return splits

@@ -15,12 +15,13 @@ from __future__ import annotations
 import json
 import shutil
 import tempfile
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
 from transformers import PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
+from lightning_zero.data.corpora import TEXT_CORPORA, corpus_texts
 from lightning_zero.errors import ZeroConfigError
 from lightning_zero.models.loading import load_tokenizer
 
@@ -31,7 +32,6 @@ PAD, BOS, EOS, UNK = "<pad>", "<s>", "</s>", "<unk>"
 SPEAKER_TOKENS = ("<speaker1>", "<speaker2>")
 # Order fixes the ids: pad 0, bos 1, eos 2 -- the ids BlenderBot's config expects.
 _SPECIAL_TOKENS = [PAD, BOS, EOS, UNK, *SPEAKER_TOKENS]
-BPE_CORPORA = ("chitchat", "rotten-tomatoes")
 
 
 @dataclass(frozen=True)
@@ -64,9 +64,9 @@ def parse_bpe_spec(spec: str) -> tuple[str, int]:
     """``bpe:chitchat:8192`` -> ``("chitchat", 8192)``; the vocabulary size defaults to 8192."""
     parts = spec.removeprefix(BPE_PREFIX).split(":")
     corpus = parts[0]
-    if corpus not in BPE_CORPORA or len(parts) > 2 or (len(parts) == 2 and not parts[1].isdigit()):
+    if corpus not in TEXT_CORPORA or len(parts) > 2 or (len(parts) == 2 and not parts[1].isdigit()):
         raise ZeroConfigError(
-            f"Bad tokenizer {spec!r}: write `bpe:CORPUS` or `bpe:CORPUS:VOCAB`, CORPUS in {BPE_CORPORA}."
+            f"Bad tokenizer {spec!r}: write `bpe:CORPUS` or `bpe:CORPUS:VOCAB`, CORPUS in {TEXT_CORPORA}."
         )
     return corpus, int(parts[1]) if len(parts) == 2 else DEFAULT_BPE_VOCAB
 
@@ -122,21 +122,6 @@ def train_bpe(texts: Iterable[str], vocab_size: int = DEFAULT_BPE_VOCAB) -> PreT
     )
     assert len(wrapped) > len(_SPECIAL_TOKENS), "trained BPE has no vocabulary"
     return wrapped
-
-
-def corpus_texts(corpus: str) -> Iterator[str]:
-    """The texts of a shipped corpus: ``chitchat`` turns or ``rotten-tomatoes`` review snippets."""
-    if corpus == "chitchat":
-        from lightning_zero.data.dialog import load_chitchat
-
-        for conversation in load_chitchat():
-            yield from conversation
-    elif corpus == "rotten-tomatoes":
-        from lightning_zero.data.text_corpus import rotten_tomatoes_texts
-
-        yield from rotten_tomatoes_texts()
-    else:
-        raise ZeroConfigError(f"Unknown corpus {corpus!r}: choose one of {BPE_CORPORA}.")
 
 
 def special_ids(tokenizer: PreTrainedTokenizerBase) -> SpecialIds:

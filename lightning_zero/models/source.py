@@ -7,10 +7,10 @@ it is there and from the hub otherwise. Any other name goes to the hub unchanged
 
 from __future__ import annotations
 
-import importlib.util
 from dataclasses import dataclass
 from pathlib import Path
 
+from lightning_zero.data.packages import package_dir
 from lightning_zero.errors import ZeroConfigError
 
 
@@ -25,10 +25,10 @@ class ShippedModel:
 
     def directory(self) -> Path | None:
         """The model's folder inside the installed package, or ``None`` when the package is missing."""
-        spec = importlib.util.find_spec(self.package)
-        if spec is None or not spec.submodule_search_locations:
+        try:
+            directory = package_dir(self.package) / self.folder
+        except ZeroConfigError:
             return None
-        directory = Path(next(iter(spec.submodule_search_locations))) / self.folder
         return directory if (directory / "config.json").is_file() else None
 
 

@@ -216,7 +216,7 @@ class ZeroAutoStrategy(ZeroStrategy):
         trial = _copy_of(module, trainer)
         if zero.activation_checkpointing:
             enable_activation_checkpointing(trial)
-        optimizers, _ = _init_optimizers_and_lr_schedulers(trial)  # type: ignore[arg-type]
+        optimizers, _ = _init_optimizers_and_lr_schedulers(trial)
         optimizer = optimizers[0]
         if zero.offloads and cpu_adam.is_swappable(optimizer):
             optimizer = cpu_adam.to_cpu_adam(optimizer)
@@ -322,12 +322,6 @@ class ZeroAutoStrategy(ZeroStrategy):
         entries[key] = candidate_to_dict(candidate)
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(entries, indent=1, sort_keys=True))
-
-    @classmethod
-    def register_strategies(cls, strategy_registry: Any) -> None:
-        from lightning_zero.strategies.presets import register_presets
-
-        register_presets(strategy_registry, backend="auto")
 
 
 def _copy_of(module: LightningModule, trainer: Any) -> LightningModule:

@@ -10,17 +10,16 @@ from __future__ import annotations
 
 import argparse
 import logging
-from collections.abc import Generator, Mapping
+from collections.abc import Generator
 from contextlib import contextmanager
 from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from lightning.fabric.plugins.collectives.torch_collective import default_pg_timeout
-from lightning.fabric.strategies.deepspeed import _validate_device_index_selection
 from lightning.fabric.utilities.seed import reset_seed
 from lightning.pytorch.strategies import DDPStrategy, DeepSpeedStrategy
-from lightning.pytorch.strategies.deepspeed import _format_precision_config, remove_module_hooks
+from lightning.pytorch.strategies.deepspeed import remove_module_hooks
 from lightning.pytorch.utilities import rank_zero_info
 from torch.nn import Module
 from torch.optim import Optimizer
@@ -33,11 +32,13 @@ from lightning_zero.strategies.blocks import enable_activation_checkpointing
 from lightning_zero.strategies.deepspeed_config import (
     DeepSpeedZeroConfig,
     TrainerValues,
+    has_module_autos,
     load_deepspeed_config,
     offloads_optimizer,
     resolve_auto,
+    resolve_module_autos,
     to_deepspeed_config,
-    zero_stage,
+    zero_config_of,
 )
 
 if TYPE_CHECKING:
@@ -45,14 +46,15 @@ if TYPE_CHECKING:
     from lightning.pytorch.core.optimizer import LRSchedulerConfig
 
 
-class ZeroStrategy(SafeCheckpoints, DeepSpeedStrategy):
-    """ZeRO stages 0-3 with optional CPU/NVMe offload, through DeepSpeed.
+class DeepSpeedZeroStrategy(SafeCheckpoints, DeepSpeedStrategy):
+    """ZeRO stages 0-3 with optional CPU/NVMe offload, through DeepSpeed (also known as ``ZeroStrategy``).
 
     Args:
         zero: The ZeRO settings (a :class:`DeepSpeedZeroConfig` or a mapping of its fields).
         deepspeed_config: A full DeepSpeed config instead (a dict, or a JSON/YAML file path). ``"auto"``
             values in it are filled from the Trainer and the module; values that contradict the Trainer
-            are an error. Do not pass ``zero`` with it.
+            are an error. Do not pass ``zero`` with it. The strategy then reads everything from this
+            config: :attr:`zero` holds its stage, offload devices and fp16 loss scaling.
         accelerator: Set by the Trainer.
         parallel_devices: Set by the Trainer.
         cluster_environment: Set by the Trainer.
@@ -63,7 +65,8 @@ class ZeroStrategy(SafeCheckpoints, DeepSpeedStrategy):
         logging_level: DeepSpeed's logging level.
     """
 
-    strategy_name = "zero"
+    #: The registered name that builds this class with its defaults (stage 2).
+    strategy_name = "zero2"
 
     def __init__(
         self,
@@ -80,10 +83,12 @@ class ZeroStrategy(SafeCheckpoints, DeepSpeedStrategy):
     ) -> None:
         if zero is not None and deepspeed_config is not None:
             raise ZeroConfigError("Pass either `zero` or `deepspeed_config` to ZeroStrategy, not both.")
-        self.zero = DeepSpeedZeroConfig.coerce(zero)
-        ds_config = (
-            load_deepspeed_config(deepspeed_config) if deepspeed_config is not None else to_deepspeed_config(self.zero)
-        )
+        if deepspeed_config is None:
+            self.zero = DeepSpeedZeroConfig.coerce(zero)
+            ds_config = to_deepspeed_config(self.zero)
+        else:
+            ds_config = load_deepspeed_config(deepspeed_config)
+            self.zero = zero_config_of(ds_config)
         remote_device = self.zero.offload_parameters if self.zero.offload_parameters != "none" else None
         super().__init__(
             accelerator=accelerator,
@@ -96,11 +101,6 @@ class ZeroStrategy(SafeCheckpoints, DeepSpeedStrategy):
             load_full_weights=load_full_weights,
             logging_level=logging_level,
             remote_device=remote_device,
-            loss_scale=self.zero.loss_scale,
-            initial_scale_power=self.zero.initial_scale_power,
-            loss_scale_window=self.zero.loss_scale_window,
-            hysteresis=self.zero.hysteresis,
-            min_loss_scale=int(self.zero.min_loss_scale),
         )
         self._transformers_zero3: Any = None
 
@@ -115,9 +115,9 @@ class ZeroStrategy(SafeCheckpoints, DeepSpeedStrategy):
         DDPStrategy.setup_environment(self)
 
     def setup_distributed(self) -> None:
-        assert self.parallel_devices is not None
         if not self.on_cpu:
-            _validate_device_index_selection(self.parallel_devices)
+            super().setup_distributed()
+            return
         reset_seed()
         self.set_world_ranks()
         self._init_deepspeed_distributed()
@@ -158,22 +158,12 @@ class ZeroStrategy(SafeCheckpoints, DeepSpeedStrategy):
     def _setup_model_and_optimizer(
         self, model: Module, optimizer: Optimizer | None, lr_scheduler: Any = None
     ) -> tuple[deepspeed.DeepSpeedEngine, Optimizer]:
-        import deepspeed
-
-        engine, ds_optimizer, _, _ = deepspeed.initialize(
-            args=argparse.Namespace(device_rank=self._device_rank),
-            config=self.config,
-            model=model,
-            model_parameters=[p for p in model.parameters() if p.requires_grad],
-            optimizer=optimizer,
-            lr_scheduler=lr_scheduler,
-            dist_init_required=False,
-        )
-        return engine, ds_optimizer
+        parameters = [p for p in model.parameters() if p.requires_grad]
+        return self._deepspeed_initialize(model, self.config, parameters, optimizer, lr_scheduler)
 
     def _initialize_deepspeed_inference(self, model: Module) -> None:
-        import deepspeed
-
+        # Lightning's version passes `device_rank=root_device.index` (None on CPU: DeepSpeed fails comparing it)
+        # and reads `zero_allow_untested_optimizer` from the config (absent from many config files).
         assert isinstance(self.config, dict)
         inference_config: dict[str, Any] = {"train_micro_batch_size_per_gpu": 1}
         for block in ("fp16", "bf16"):
@@ -183,15 +173,28 @@ class ZeroStrategy(SafeCheckpoints, DeepSpeedStrategy):
             inference_config["zero_allow_untested_optimizer"] = True
             inference_config["zero_optimization"] = self.config["zero_optimization"]
         remove_module_hooks(model)
-        self.model, _, _, _ = deepspeed.initialize(
+        self.model, _ = self._deepspeed_initialize(model, inference_config, [])
+
+    def _deepspeed_initialize(
+        self,
+        model: Module,
+        config: Any,
+        parameters: list[Any],
+        optimizer: Optimizer | None = None,
+        lr_scheduler: Any = None,
+    ) -> tuple[deepspeed.DeepSpeedEngine, Optimizer]:
+        import deepspeed
+
+        engine, ds_optimizer, _, _ = deepspeed.initialize(
             args=argparse.Namespace(device_rank=self._device_rank),
-            config=inference_config,
+            config=config,
             model=model,
-            optimizer=None,
-            lr_scheduler=None,
-            model_parameters=[],
+            model_parameters=parameters,
+            optimizer=optimizer,
+            lr_scheduler=lr_scheduler,
             dist_init_required=False,
         )
+        return engine, ds_optimizer
 
     def _init_optimizers(self) -> tuple[Optimizer, LRSchedulerConfig | None]:
         optimizer, scheduler_config = super()._init_optimizers()
@@ -203,42 +206,31 @@ class ZeroStrategy(SafeCheckpoints, DeepSpeedStrategy):
         return optimizer, scheduler_config
 
     def _format_config(self) -> None:
+        # Runs before `configure_model` (ZeRO-3 needs the config to build the model): only Trainer values here.
         assert isinstance(self.config, dict)
         self.config = resolve_auto(self.config, self._trainer_values())
-        _format_precision_config(
-            config=self.config,
-            precision=self.precision_plugin.precision,
-            loss_scale=self.loss_scale,
-            loss_scale_window=self.loss_scale_window,
-            min_loss_scale=self.min_loss_scale,
-            initial_scale_power=self.initial_scale_power,
-            hysteresis=self.hysteresis,
-        )
-        stage = zero_stage(self.config)
-        if stage > 3:
-            raise ZeroConfigError(f"ZeRO stage must be 0, 1, 2 or 3, got {stage}: fix `zero_optimization.stage`.")
+
+    def init_deepspeed(self) -> None:
+        # The model exists now: `"auto"` optimizer and scheduler values come from the module's optimizer.
+        assert isinstance(self.config, dict)
+        module = self.lightning_module
+        if has_module_autos(self.config) and module is not None and module.trainer.training:
+            optimizer, _ = DeepSpeedStrategy._init_optimizers(self)
+            total_steps = int(module.trainer.estimated_stepping_batches)
+            self.config = resolve_module_autos(self.config, optimizer.defaults, total_steps)
+        super().init_deepspeed()
 
     def _trainer_values(self) -> TrainerValues:
         module = self.lightning_module
         if module is None or module._trainer is None:
             return TrainerValues(micro_batch_size=1)
         trainer = module.trainer
-        assert isinstance(self.config, dict)
-        needs_optimizer = _has_auto(self.config.get("optimizer")) or _has_auto(self.config.get("scheduler"))
         return TrainerValues(
             micro_batch_size=self._auto_select_batch_size(),
             accumulate_grad_batches=trainer.accumulate_grad_batches,
             gradient_clip_val=trainer.gradient_clip_val,
             precision=str(self.precision_plugin.precision),
-            optimizer_hparams=self._module_optimizer_hparams() if needs_optimizer else {},
-            total_steps=int(trainer.estimated_stepping_batches) if _has_auto(self.config.get("scheduler")) else None,
         )
-
-    def _module_optimizer_hparams(self) -> dict[str, Any]:
-        optimizer, _ = DeepSpeedStrategy._init_optimizers(self)
-        return {
-            key: optimizer.defaults[key] for key in ("lr", "weight_decay", "betas", "eps") if key in optimizer.defaults
-        }
 
     def full_state_dict(self) -> dict[str, Any]:
         """The whole model's state dict on global rank 0 (gathered across ranks under ZeRO-3); collective."""
@@ -249,19 +241,11 @@ class ZeroStrategy(SafeCheckpoints, DeepSpeedStrategy):
         return state if state is not None else {}
 
     def checkpoint_identity(self) -> tuple[str, int]:
-        assert isinstance(self.config, dict)
-        return "deepspeed", zero_stage(self.config)
-
-    @classmethod
-    def register_strategies(cls, strategy_registry: Any) -> None:
-        from lightning_zero.strategies.presets import register_presets
-
-        register_presets(strategy_registry, backend="deepspeed")
+        return "deepspeed", self.zero.stage
 
 
-def _has_auto(section: Mapping[str, Any] | None) -> bool:
-    params = (section or {}).get("params", {})
-    return any(value == "auto" for value in params.values())
+#: The documented name of :class:`DeepSpeedZeroStrategy`.
+ZeroStrategy = DeepSpeedZeroStrategy
 
 
 def _use_deepspeed_cpu_accelerator() -> None:

@@ -163,25 +163,46 @@ def offloads_optimizer(ds_config: Mapping[str, Any]) -> bool:
     return offload.get("device", "none") not in ("none", None)
 
 
+_FP16_FIELDS = ("loss_scale", "initial_scale_power", "loss_scale_window", "hysteresis", "min_loss_scale")
+
+
+def zero_config_of(ds_config: Mapping[str, Any]) -> DeepSpeedZeroConfig:
+    """What a full DeepSpeed config says in our terms: stage, offload devices, NVMe path, fp16 loss scaling.
+
+    The strategy reads these (parameter placement, CPU Adam under offload) from the config it runs, so a
+    config file and the strategy never disagree. Settings only lightning-zero has keep their defaults.
+    """
+    section = ds_config.get("zero_optimization") or {}
+    stage = zero_stage(ds_config)
+    if stage not in (0, 1, 2, 3):
+        raise ZeroConfigError(f"ZeRO stage must be 0, 1, 2 or 3, got {stage}: fix `zero_optimization.stage`.")
+    optimizer = section.get("offload_optimizer") or {}
+    parameters = section.get("offload_param") or {}
+    fp16 = ds_config.get("fp16") or {}
+    return DeepSpeedZeroConfig(
+        stage=stage,
+        offload_optimizer=optimizer.get("device") or "none",
+        offload_parameters=parameters.get("device") or "none",
+        nvme_path=optimizer.get("nvme_path") or parameters.get("nvme_path"),
+        **{name: fp16[name] for name in _FP16_FIELDS if name in fp16},
+    )
+
+
 @dataclasses.dataclass(frozen=True)
 class TrainerValues:
-    """What the Trainer and the LightningModule decide, used to fill ``"auto"`` values.
+    """What the Trainer decides, used to fill ``"auto"`` values before the model is built.
 
     Args:
         micro_batch_size: Batch size of one process's training dataloader.
         accumulate_grad_batches: The Trainer's gradient accumulation.
         gradient_clip_val: The Trainer's clipping norm, ``None`` when not set.
         precision: The Trainer's precision string, e.g. ``"32-true"`` or ``"bf16-mixed"``.
-        optimizer_hparams: lr, weight_decay, betas, eps of the module's optimizer, where it has them.
-        total_steps: Optimizer steps the run will take.
     """
 
     micro_batch_size: int
     accumulate_grad_batches: int = 1
     gradient_clip_val: float | None = None
     precision: str = "32-true"
-    optimizer_hparams: Mapping[str, Any] = dataclasses.field(default_factory=dict)
-    total_steps: int | None = None
 
 
 def _fill(config: dict[str, Any], key: str, value: Any, where: str, trainer_name: str, explicit: bool) -> None:
@@ -196,9 +217,11 @@ def _fill(config: dict[str, Any], key: str, value: Any, where: str, trainer_name
 
 
 def _resolve_precision(config: dict[str, Any], precision: str) -> None:
+    """``fp16``/``bf16`` blocks follow the Trainer's precision: added when missing (DeepSpeed's default loss
+    scaling), ``enabled: auto`` filled, disabled blocks dropped, a contradiction an error."""
     wanted = {"fp16": precision.startswith("16"), "bf16": precision.startswith("bf16")}
     for block, enabled in wanted.items():
-        section = config.get(block)
+        section = config.setdefault(block, {}) if enabled else config.get(block)
         if not isinstance(section, dict):
             continue
         value = section.get("enabled", AUTO)
@@ -231,11 +254,11 @@ def _resolve_optimizer(config: dict[str, Any], hparams: Mapping[str, Any]) -> No
         params[name] = list(hparam) if isinstance(hparam, tuple) else hparam
 
 
-def _resolve_scheduler(config: dict[str, Any], values: TrainerValues) -> None:
+def _resolve_scheduler(config: dict[str, Any], learning_rate: float | None, total_steps: int) -> None:
     params = config.get("scheduler", {}).get("params", {})
     fills: dict[str, Any] = {
-        "total_num_steps": values.total_steps,
-        "warmup_max_lr": values.optimizer_hparams.get("lr"),
+        "total_num_steps": total_steps,
+        "warmup_max_lr": learning_rate,
         "warmup_min_lr": 0.0,
         "warmup_num_steps": 0,
     }
@@ -249,8 +272,13 @@ def _resolve_scheduler(config: dict[str, Any], values: TrainerValues) -> None:
         params[name] = fills[name]
 
 
+#: Sections whose ``"auto"`` values come from the module's optimizer, once the model exists.
+_MODULE_SECTIONS = ("optimizer", "scheduler")
+
+
 def resolve_auto(ds_config: Mapping[str, Any], values: TrainerValues) -> dict[str, Any]:
-    """Fill ``"auto"`` values from the Trainer and module, as Hugging Face Accelerate does.
+    """Fill the Trainer's ``"auto"`` values, as Hugging Face Accelerate does; optimizer and scheduler ones stay
+    for :func:`resolve_module_autos`.
 
     An explicit value that disagrees with what the Trainer decided is an error naming both. A missing
     ``gradient_clipping`` means the Trainer's value (0 when it does not clip), never DeepSpeed's default.
@@ -270,12 +298,29 @@ def resolve_auto(ds_config: Mapping[str, Any], values: TrainerValues) -> dict[st
     if config.get("train_batch_size") == AUTO:
         del config["train_batch_size"]
     _resolve_precision(config, values.precision)
-    _resolve_optimizer(config, values.optimizer_hparams)
-    _resolve_scheduler(config, values)
+    _raise_on_leftover({key: value for key, value in config.items() if key not in _MODULE_SECTIONS})
+    return config
+
+
+def has_module_autos(ds_config: Mapping[str, Any]) -> bool:
+    """Whether the optimizer or scheduler section has ``"auto"`` values (filled from the module's optimizer)."""
+    return bool(_auto_paths({key: ds_config.get(key) for key in _MODULE_SECTIONS}))
+
+
+def resolve_module_autos(ds_config: Mapping[str, Any], hparams: Mapping[str, Any], total_steps: int) -> dict[str, Any]:
+    """Fill optimizer/scheduler ``"auto"`` values from the module's optimizer ``hparams`` (its ``defaults``:
+    lr, weight_decay, betas, eps) and the run's optimizer steps."""
+    config = copy.deepcopy(dict(ds_config))
+    _resolve_optimizer(config, {key: hparams[key] for key in _OPTIMIZER_HPARAMS if key in hparams})
+    _resolve_scheduler(config, hparams.get("lr"), total_steps)
+    _raise_on_leftover(config)
+    return config
+
+
+def _raise_on_leftover(config: Mapping[str, Any]) -> None:
     leftover = sorted(_auto_paths(config))
     if leftover:
         raise ZeroConfigError(f"DeepSpeed config has `auto` values that cannot be inferred: {leftover}; give them.")
-    return config
 
 
 def _auto_paths(node: Any, prefix: str = "") -> list[str]:

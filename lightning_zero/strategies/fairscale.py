@@ -72,7 +72,8 @@ class FairScaleStrategy(SafeCheckpoints, DDPStrategy):
         timeout: Collective-operation timeout.
     """
 
-    strategy_name = "zero_fairscale"
+    #: The registered name that builds this class with its defaults (stage 2).
+    strategy_name = "zero2_fairscale"
 
     def __init__(
         self,
@@ -197,12 +198,6 @@ class FairScaleStrategy(SafeCheckpoints, DDPStrategy):
 
     def checkpoint_identity(self) -> tuple[str, int]:
         return "fairscale", self.zero.stage
-
-    @classmethod
-    def register_strategies(cls, strategy_registry: Any) -> None:
-        from lightning_zero.strategies.presets import register_presets
-
-        register_presets(strategy_registry, backend="fairscale")
 
 
 def to_oss(optimizer: Optimizer, config: FairScaleZeroConfig) -> OSS:

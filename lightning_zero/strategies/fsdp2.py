@@ -52,7 +52,8 @@ class FSDP2Strategy(SafeCheckpoints, ModelParallelStrategy):
         timeout: Collective-operation timeout.
     """
 
-    strategy_name = "zero_fsdp2"
+    #: The registered name that builds this class with its defaults (stage 3).
+    strategy_name = "zero3_fsdp"
 
     def __init__(
         self,
@@ -134,12 +135,6 @@ class FSDP2Strategy(SafeCheckpoints, ModelParallelStrategy):
 
     def checkpoint_identity(self) -> tuple[str, int]:
         return "fsdp2", self.zero.stage
-
-    @classmethod
-    def register_strategies(cls, strategy_registry: Any) -> None:
-        from lightning_zero.strategies.presets import register_presets
-
-        register_presets(strategy_registry, backend="fsdp2")
 
 
 def shard_module(module: nn.Module, mesh: DeviceMesh, options: Any) -> int:

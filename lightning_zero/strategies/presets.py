@@ -7,6 +7,7 @@ the package first, so short names work in YAML files without the user importing 
 from __future__ import annotations
 
 import difflib
+import functools
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -111,17 +112,8 @@ def register_presets(registry: Any = StrategyRegistry, backend: str | None = Non
     for preset in PRESETS:
         if backend is not None and preset.backend != backend:
             continue
-        registry.register(preset.name, _PresetFactory(preset), description=preset.description, override=True)
-
-
-class _PresetFactory:
-    """Builds a preset's strategy when Lightning resolves its name; keyword arguments override fields."""
-
-    def __init__(self, preset: Preset) -> None:
-        self.preset = preset
-
-    def __call__(self, **overrides: Any) -> Any:
-        return build_preset(self.preset.name, **overrides)
+        factory = functools.partial(build_preset, preset.name)  # what Lightning calls when it resolves the name
+        registry.register(preset.name, factory, description=preset.description, override=True)
 
 
 def build_preset(name: str, **overrides: Any) -> Any:

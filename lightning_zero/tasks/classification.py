@@ -7,69 +7,25 @@ weights. Metrics are kept in float32 whatever precision the model runs in (``16-
 
 from __future__ import annotations
 
-import math
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import torch
-from lightning.pytorch import LightningModule
-from lightning.pytorch.utilities.types import OptimizerLRSchedulerConfig
 from torch import nn
-from torchmetrics import Accuracy, F1Score, MeanMetric, Metric, MetricCollection
-from transformers import AutoModelForSequenceClassification, get_linear_schedule_with_warmup
+from torchmetrics import MeanMetric
+from transformers import AutoModelForSequenceClassification
 
 from lightning_zero.errors import ZeroConfigError
 from lightning_zero.models.loading import build_model, load_tokenizer
 from lightning_zero.models.shapes import is_shape
 from lightning_zero.models.source import resolve_pretrained
+from lightning_zero.tasks.base import TaskModule
+from lightning_zero.tasks.metrics import classification_metrics
 
 DEFAULT_MODEL = "sentence-transformers/all-MiniLM-L6-v2"
-_NO_DECAY_MARKERS = ("bias", "layernorm", "layer_norm", "norm.weight")
-_METRIC_ATTRIBUTES = ("val_metrics", "val_loss")
 
 
-def _metric_states(module: nn.Module) -> Iterable[torch.Tensor]:
-    for metric in module.modules():
-        if isinstance(metric, Metric):
-            yield from (value for value in metric.metric_state.values() if isinstance(value, torch.Tensor))
-
-
-def _device_after(fn: Callable[[torch.Tensor], torch.Tensor], tensor: torch.Tensor | None) -> torch.device:
-    """The device ``fn`` (a ``Module._apply`` function: ``.to``, ``.cuda``, ``.half`` ...) moves tensors to."""
-    probe = torch.zeros(1, device=tensor.device if tensor is not None else "cpu")
-    return fn(probe).device
-
-
-def classification_metrics(num_labels: int, prefix: str = "val_") -> MetricCollection:
-    """Accuracy and F1 (binary for two labels, macro-averaged multiclass otherwise), on predicted labels."""
-    if num_labels == 2:
-        metrics: dict[str, Metric | MetricCollection] = {"acc": Accuracy(task="binary"), "f1": F1Score(task="binary")}
-    else:
-        metrics = {
-            "acc": Accuracy(task="multiclass", num_classes=num_labels, average="micro"),
-            "f1": F1Score(task="multiclass", num_classes=num_labels, average="macro"),
-        }
-    return MetricCollection(metrics, prefix=prefix)
-
-
-def is_no_decay(name: str) -> bool:
-    """Whether parameter ``name`` is a bias or a normalisation weight (no weight decay for those)."""
-    lowered = name.lower()
-    return any(marker in lowered for marker in _NO_DECAY_MARKERS)
-
-
-def parameter_groups(named_parameters: Iterable[tuple[str, nn.Parameter]], weight_decay: float) -> list[dict[str, Any]]:
-    """Two AdamW groups: trainable weights with ``weight_decay``, and biases/norm weights without."""
-    decay: list[nn.Parameter] = []
-    no_decay: list[nn.Parameter] = []
-    for name, parameter in named_parameters:
-        if parameter.requires_grad:
-            (no_decay if is_no_decay(name) else decay).append(parameter)
-    groups = [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-    return [group for group in groups if group["params"]]
-
-
-class SequenceClassificationTask(LightningModule):
+class SequenceClassificationTask(TaskModule):
     """Fine-tune (or train from a random shape) a Hugging Face sequence classifier.
 
     Batches are dicts of ``input_ids``, ``attention_mask`` (and ``token_type_ids``) and ``labels``, as the data
@@ -102,8 +58,6 @@ class SequenceClassificationTask(LightningModule):
         super().__init__()
         if num_labels < 2:
             raise ZeroConfigError(f"num_labels must be at least 2, got {num_labels}: set model.num_labels.")
-        if not 0.0 <= warmup_ratio < 1.0:
-            raise ZeroConfigError(f"warmup_ratio must be in [0, 1), got {warmup_ratio}: use e.g. 0.1.")
         if tokenizer is None and is_shape(model):
             raise ZeroConfigError(f"Model {model!r} is a random shape: set `tokenizer` (e.g. all-MiniLM-L6-v2).")
         self.save_hyperparameters()
@@ -130,24 +84,6 @@ class SequenceClassificationTask(LightningModule):
                 overrides["pad_token_id"] = tokenizer.pad_token_id
         model = build_model(AutoModelForSequenceClassification, source, vocab_size=vocab_size, **overrides)
         self.model = model.train()  # `from_pretrained` returns eval mode, and Lightning keeps submodules' modes
-
-    def _apply(
-        self, fn: Callable[[torch.Tensor], torch.Tensor], *args: Any, **kwargs: Any
-    ) -> SequenceClassificationTask:
-        # `module.to(torch.bfloat16)` (bf16-true, 16-true) would cast float metric states too. The metrics sit
-        # out of the conversion and only follow the device; their states stay fp32 (and int counts int).
-        order = list(self._modules)
-        metrics = {name: self._modules.pop(name) for name in _METRIC_ATTRIBUTES if name in self._modules}
-        try:
-            super()._apply(fn, *args, **kwargs)
-        finally:
-            children = {**self._modules, **metrics}
-            self._modules.clear()
-            self._modules.update((name, children[name]) for name in order)
-        for metric in metrics.values():
-            if metric is not None:
-                metric.to(_device_after(fn, next(iter(_metric_states(metric)), None)))
-        return self
 
     def setup(self, stage: str) -> None:
         """Check the data against the model: classes within ``num_labels``, the same tokenizer."""
@@ -195,31 +131,9 @@ class SequenceClassificationTask(LightningModule):
         if loss is not None:
             self.val_loss.update(loss.detach().float(), weight=len(labels))
 
-    def on_validation_epoch_start(self) -> None:
-        """Start from fresh metric states, made in this loop's grad mode (``validate`` runs in inference mode,
-        validation inside ``fit`` does not, and inference tensors cannot be updated outside it)."""
-        self.val_metrics.reset()
-        self.val_loss.reset()
-
     def validation_step(self, batch: Mapping[str, torch.Tensor], batch_idx: int) -> None:
         """Update ``val_loss``, ``val_acc`` and ``val_f1``; they are computed and logged per epoch."""
         output = self(**batch)
         self.update_metrics(output.logits, batch["labels"], output.loss)
         self.log_dict(self.val_metrics, on_step=False, on_epoch=True, prog_bar=True)
         self.log("val_loss", self.val_loss, on_step=False, on_epoch=True, prog_bar=True)
-
-    def configure_optimizers(self) -> OptimizerLRSchedulerConfig:
-        """AdamW (no decay on biases/norms) with linear warm-up and decay, stepped every optimizer step."""
-        hparams = self.hparams
-        groups = parameter_groups(self.named_parameters(), hparams["weight_decay"])
-        optimizer = torch.optim.AdamW(groups, lr=hparams["learning_rate"], eps=hparams["adam_eps"])
-        total_steps = self._total_steps()
-        warmup_steps = int(total_steps * hparams["warmup_ratio"])
-        scheduler = get_linear_schedule_with_warmup(optimizer, warmup_steps, total_steps)
-        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step", "frequency": 1}}
-
-    def _total_steps(self) -> int:
-        steps = self.trainer.estimated_stepping_batches
-        if not math.isfinite(steps) or steps < 1:
-            raise ZeroConfigError("The number of training steps is unknown: set trainer.max_steps or max_epochs.")
-        return int(steps)

@@ -3,39 +3,23 @@
 The network is built in ``configure_model``, so under ZeRO-3 DeepSpeed constructs it partitioned. Validation
 generates with beam search; under ZeRO-3 or FSDP with more than one process, ``generate`` runs with
 ``synced_gpus=True`` so that every rank keeps taking part in the parameter gathers until the slowest rank's
-beams are done. BLEU is torchmetrics' ``SacreBLEUScore`` (``BLEUScore`` if sacrebleu is missing), with fp32
-states summed over ranks.
+beams are done. BLEU is torchmetrics' ``SacreBLEUScore``, with fp32 states summed over ranks.
 """
 
 from __future__ import annotations
 
-import importlib.util
 from typing import Any
 
 import torch
 from lightning.pytorch.utilities import rank_zero_info
 from torch import Tensor, nn
-from torchmetrics import Metric
-from torchmetrics.text import BLEUScore, SacreBLEUScore
 from transformers import AutoModelForSeq2SeqLM
 
 from lightning_zero.data.tokenizers import special_ids
 from lightning_zero.models.loading import build_model
 from lightning_zero.models.shapes import is_shape
-from lightning_zero.tasks.causal_lm import (
-    IGNORE_INDEX,
-    LanguageTask,
-    TokenPerplexity,
-    build_language_model,
-    token_nll,
-)
-
-
-def bleu_metric() -> Metric:
-    """SacreBLEU (13a tokenisation) when sacrebleu is installed, else torchmetrics' own BLEU."""
-    if importlib.util.find_spec("sacrebleu") is not None:
-        return SacreBLEUScore(tokenize="13a")
-    return BLEUScore()
+from lightning_zero.tasks.base import LanguageTask, build_language_model
+from lightning_zero.tasks.metrics import IGNORE_INDEX, TokenPerplexity, bleu_metric, token_nll
 
 
 def needs_synced_generation(trainer: Any) -> bool:
@@ -138,11 +122,7 @@ class Seq2SeqTask(LanguageTask):
         self.val_bleu.update(replies, [[reference] for reference in references])
 
     def on_validation_epoch_end(self) -> None:
-        values = self.val_perplexity.compute()  # summed over ranks: the same value on every rank
-        # Already summed over ranks; sync_dist averages equal values (exact) and keeps Lightning quiet.
-        self.log("val_loss", values["loss"].float(), prog_bar=True, sync_dist=True)
-        self.log("val_ppl", values["perplexity"].float(), sync_dist=True)
-        self.val_perplexity.reset()
+        super().on_validation_epoch_end()
         if self.hparams["generate_on_validation"]:
             self.log("val_bleu", self.val_bleu.compute().float(), prog_bar=True, sync_dist=True)
             self.val_bleu.reset()
