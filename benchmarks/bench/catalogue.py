@@ -102,7 +102,7 @@ class Experiment:
     source: str
     max_batch: int = 512
     vocab_size: int | None = None
-    headline: tuple[str, ...] = ("zero2+ac", "zero2_offload+ac", "zero3_offload")
+    headline: tuple[str, ...] = ("lightning_ds2+hf_gc", "zero2+ac", "zero2_offload+ac", "zero3_offload")
 
     def strategy(self, label: str) -> StrategySpec:
         for spec in self.strategies:
@@ -133,11 +133,11 @@ class Row:
 _AC = {"activation_checkpointing": True}
 SINGLE = StrategySpec("single", "single", "auto")
 LIGHTNING_DS2 = StrategySpec("lightning_ds2", "lightning", "deepspeed_stage_2")
-LIGHTNING_DS2_GC = StrategySpec("lightning_ds2+hf_gc", "lightning", "deepspeed_stage_2", hf_checkpointing=True)
+LIGHTNING_DS2_GC = StrategySpec("lightning_ds2+hf_gc", "lightning", "deepspeed_stage_2", hf_checkpointing=True, start=8)
 ZERO2 = StrategySpec("zero2", "ours", "zero2")
-ZERO2_AC = StrategySpec("zero2+ac", "ours", "zero2", _AC)
+ZERO2_AC = StrategySpec("zero2+ac", "ours", "zero2", _AC, start=8)
 FAIRSCALE2 = StrategySpec("zero2_fairscale", "fairscale", "zero2_fairscale")
-FSDP2_AC = StrategySpec("zero3_fsdp+ac", "fsdp2", "zero3_fsdp", _AC)
+FSDP2_AC = StrategySpec("zero3_fsdp+ac", "fsdp2", "zero3_fsdp", _AC, start=8)
 GPU_ONLY = (SINGLE, LIGHTNING_DS2, LIGHTNING_DS2_GC, ZERO2_AC, ZERO2, FAIRSCALE2, FSDP2_AC)
 
 _MRPC = "Lightning's DeepSpeed/FairScale report (DeBERTa-v2-xlarge on MRPC, BlenderBot, GPT-2 XL), 2 GPUs"
@@ -274,8 +274,14 @@ def _tier(experiment: Experiment, lengths: Lengths, spec: StrategySpec) -> int:
     return 1 if headline else 2
 
 
-def plan_rows(experiments: list[Experiment], strategies: list[str] | None = None) -> list[Row]:
-    """Every row of ``experiments`` (optionally only some strategy labels), experiment by experiment, headline first."""
+def plan_rows(
+    experiments: list[Experiment], strategies: list[str] | None = None, tier_first: bool = False
+) -> list[Row]:
+    """Every row of ``experiments`` (optionally only some strategy labels), headline rows first.
+
+    Experiment by experiment, each one's headline first; with ``tier_first``, every experiment's headline rows
+    before any other row.
+    """
     rows: list[tuple[int, int, Row]] = []
     for order, experiment in enumerate(experiments):
         for lengths in experiment.lengths:
@@ -284,4 +290,5 @@ def plan_rows(experiments: list[Experiment], strategies: list[str] | None = None
                     continue
                 tier = _tier(experiment, lengths, spec)
                 rows.append((order, tier, Row(experiment.name, lengths.name, spec.label)))
-    return [row for _, _, row in sorted(rows, key=lambda item: (item[0], item[1]))]
+    rows.sort(key=lambda item: (item[1], item[0]) if tier_first else (item[0], item[1]))
+    return [row for _, _, row in rows]

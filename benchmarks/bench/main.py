@@ -27,6 +27,8 @@ def _parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True)
     run = commands.add_parser("run", help="measure rows, resuming; print the table last")
     run.add_argument("--out", type=Path, required=True)
+    run.add_argument("--trials-dir", type=Path, default=None, help="trial specs and logs (default OUT/trials)")
+    run.add_argument("--tier-first", action="store_true", help="every experiment's headline rows before the rest")
     run.add_argument("--experiments", default="all", help="comma-separated names, or 'all'")
     run.add_argument("--strategies", default="", help="only these labels (comma-separated)")
     run.add_argument("--lengths", default="", help="only these length settings (comma-separated)")
@@ -52,7 +54,7 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--peak-tflops", type=float, default=DEFAULT_PEAK_TFLOPS)
     run.add_argument("--redo", action="store_true", help="re-measure rows already in the results")
     report = commands.add_parser("report", help="table, CSV and plots from a results folder")
-    report.add_argument("results", type=Path)
+    report.add_argument("results", type=Path, nargs="+", help="results folders; the first gets the outputs")
     report.add_argument("--peak-tflops", type=float, default=DEFAULT_PEAK_TFLOPS)
     report.add_argument("--plots", action="store_true")
     commands.add_parser("lengths", help="recompute benchmarks/lengths.json from shipped text")
@@ -70,6 +72,7 @@ def _settings(args: argparse.Namespace) -> Any:
     emulated = tuple((float(base) * gib, float(per_sample) * gib) for base, per_sample in pairs)
     return RunSettings(
         out=args.out,
+        trials_dir=args.trials_dir,
         accelerator=args.accelerator,
         devices=args.devices,
         memory_cap_gib=args.cap_gib,
@@ -90,7 +93,7 @@ def _settings(args: argparse.Namespace) -> Any:
 def _selected_rows(args: argparse.Namespace) -> list[Row]:
     names = [e.name for e in EXPERIMENTS] if args.experiments == "all" else args.experiments.split(",")
     experiments = [find_experiment(name) for name in names]
-    rows = plan_rows(experiments, [s for s in args.strategies.split(",") if s] or None)
+    rows = plan_rows(experiments, [s for s in args.strategies.split(",") if s] or None, args.tier_first)
     lengths = [x for x in args.lengths.split(",") if x]
     return [row for row in rows if not lengths or row.lengths in lengths]
 
@@ -217,7 +220,7 @@ def measure_peak() -> None:
 
 
 def run(args: argparse.Namespace) -> None:
-    from benchmarks.bench.runner import Clock, append_result, load_results, run_row
+    from benchmarks.bench.runner import Clock, append_result, finished, load_results, run_row
 
     settings = _settings(args)
     args.out.mkdir(parents=True, exist_ok=True)
@@ -232,13 +235,15 @@ def run(args: argparse.Namespace) -> None:
     annotate = FlopAnnotator()
     done = load_results(args.out)
     for row in _selected_rows(args):
-        if row.key in done and not args.redo:
+        if row.key in done and finished(done[row.key]) and not args.redo:
             continue
-        if clock.left() < settings.row_reserve_s:
-            print(f"time budget spent before {row.key}: run the same command again to go on", flush=True)
-            break
-        record = run_row(settings, row, clock, annotate)
+        offloads = find_experiment(row.experiment).strategy(row.strategy).offloads
+        if clock.left() < (settings.offload_reserve_s if offloads else settings.row_reserve_s):
+            print(f"time budget too short for {row.key}: run the same command again to go on", flush=True)
+            continue
+        record = _inferred_oom(row, done) or run_row(settings, row, clock, annotate)
         append_result(args.out, record)
+        done[row.key] = record
         print(_summary(record), flush=True)
     if args.overhead and clock.left() > settings.row_reserve_s:
         key_prefix = "overhead/" + args.overhead.split(":")[0] + "/"
@@ -246,6 +251,30 @@ def run(args: argparse.Namespace) -> None:
             for record in _overhead(args, settings, annotate):
                 append_result(args.out, record)
     print(write_outputs(load_results(args.out).values(), args.out, args.peak_tflops), flush=True)
+
+
+def _inferred_oom(row: Row, done: dict[str, dict[str, Any]]) -> dict[str, Any] | None:
+    """A dynamic-lengths row whose fixed-length twin does not fit batch 1: it cannot fit either (its lengths are
+    no longer), so it is recorded as such without spending device time."""
+    experiment = find_experiment(row.experiment)
+    fixed = done.get(f"{row.experiment}/{experiment.lengths[0].name}/{row.strategy}")
+    if not experiment.length(row.lengths).dynamic or not fixed or fixed.get("status") != "oom":
+        return None
+    inferred: dict[str, Any] = {k: fixed[k] for k in ("devices", "memory_cap_gib", "precision", "session") if k in fixed}
+    return {
+        **inferred,
+        "row": row.key,
+        "experiment": row.experiment,
+        "lengths": row.lengths,
+        "strategy": row.strategy,
+        "status": "oom",
+        "max_batch": 0,
+        "oom_batch": 1,
+        "at_limit": False,
+        "search_trials": [],
+        "search_s": 0.0,
+        "note": f"inferred from {fixed['row']} (OOM at batch 1 with longer sequences)",
+    }
 
 
 def _summary(record: dict[str, Any]) -> str:
@@ -263,14 +292,15 @@ def report(args: argparse.Namespace) -> None:
     from benchmarks.bench.report import metrics, table_rows
     from benchmarks.bench.runner import load_results
 
-    records = list(load_results(args.results).values())
-    print(write_outputs(records, args.results, args.peak_tflops))
+    records = list(load_results(*args.results).values())
+    target = args.results[0]
+    print(write_outputs(records, target, args.peak_tflops))
     if args.plots:
         from benchmarks.bench.plots import plot_experiments
 
         rows = table_rows(metrics(r, args.peak_tflops) for r in records if not str(r["row"]).startswith("overhead/"))
         cap = next((r.get("memory_cap_gib") for r in records if r.get("memory_cap_gib")), None)
-        for path in plot_experiments(rows, args.results, f"one H200, each process capped at {cap} GiB"):
+        for path in plot_experiments(rows, target, f"one H200, each process capped at {cap} GiB"):
             print("wrote", path)
 
 

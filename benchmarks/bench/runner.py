@@ -35,7 +35,8 @@ class RunSettings:
     """What every trial of a run shares.
 
     Args:
-        out: Output folder (results, trial logs).
+        out: Output folder (results, table, CSV).
+        trials_dir: Where each trial's spec, logs and progress files go (``out/trials`` if ``None``).
         accelerator: ``gpu`` or ``cpu``.
         devices: Processes (GPUs) per trial.
         memory_cap_gib: Per-process memory cap (the emulated card); 0: none.
@@ -47,13 +48,16 @@ class RunSettings:
         profile_steps: Extra steps with a sync between forward, backward and optimizer step.
         tolerance: Batch-search resolution (fraction).
         search_budget_s: Seconds one search process may ascend.
-        budget_s: Seconds this whole run may take; no row is started with less than ``row_reserve_s`` left.
+        budget_s: Seconds this whole run may take; no row is started with less than ``row_reserve_s`` left
+            (``offload_reserve_s`` for rows that offload, whose steps take seconds).
         row_reserve_s: See ``budget_s``.
+        offload_reserve_s: See ``budget_s``.
         threads: Intra-op threads per process (0: torch's default).
         emulated_memory: Per rank, ``(base, per_sample)`` bytes of an emulated memory under the cap (CPU tests).
     """
 
     out: Path
+    trials_dir: Path | None = None
     accelerator: str = "gpu"
     devices: int = 1
     memory_cap_gib: float = 24.0
@@ -67,6 +71,7 @@ class RunSettings:
     search_budget_s: float = 150.0
     budget_s: float = 520.0
     row_reserve_s: float = 40.0
+    offload_reserve_s: float = 150.0
     threads: int = 0
     emulated_memory: tuple[tuple[float, float], ...] = ()
 
@@ -144,7 +149,7 @@ def _finished(records: list[dict[str, Any]]) -> bool:
 
 def run_trial(settings: RunSettings, name: str, fits: list[dict[str, Any]], timeout_s: float) -> TrialOutcome:
     """Run ``fits`` in one process per rank; kill every rank once one ends badly or the time is up."""
-    folder = settings.out / "trials" / name
+    folder = (settings.trials_dir or settings.out / "trials") / name
     folder.mkdir(parents=True, exist_ok=True)
     for stale in folder.glob("rank*"):
         stale.unlink()
@@ -306,8 +311,10 @@ def measure_row(
     """Measure ``row`` at ``batch``; one retry a little lower if a fresh process does not fit it after all."""
     seconds = 0.0
     for attempt in range(2):
-        timeout = max(30.0, min(clock.left(), settings.measure_budget_s * 3 + 180))
-        outcome = run_trial(settings, f"{_slug(row)}-measure{attempt}", [measure_fit(settings, row, batch)], timeout)
+        timeout = max(30.0, min(clock.left() - 5, settings.measure_budget_s * 3 + 180))
+        budget = max(5.0, min(settings.measure_budget_s, (clock.left() - 60) / 2))
+        fit = measure_fit(settings, row, batch, budget_s=budget)
+        outcome = run_trial(settings, f"{_slug(row)}-measure{attempt}", [fit], timeout)
         seconds += outcome.seconds
         measured = outcome.events("measured")
         if measured:
@@ -318,9 +325,19 @@ def measure_row(
     return None, batch, "OOM at the searched batch in a fresh process", seconds
 
 
-def load_results(out: Path) -> dict[str, dict[str, Any]]:
-    """Finished rows by key (the last record of each key wins)."""
-    return {record["row"]: record for record in _read_records(out / RESULTS_FILE) if "row" in record}
+def load_results(*folders: Path) -> dict[str, dict[str, Any]]:
+    """Rows by key from one or more results folders (the last record of each key wins)."""
+    return {
+        record["row"]: record
+        for folder in folders
+        for record in _read_records(folder / RESULTS_FILE)
+        if "row" in record
+    }
+
+
+def finished(record: dict[str, Any]) -> bool:
+    """Whether a row needs no rerun: measured, or out of memory at batch 1 (errors and time-outs are rerun)."""
+    return record.get("status") in ("ok", "oom")
 
 
 def append_result(out: Path, record: dict[str, Any]) -> None:

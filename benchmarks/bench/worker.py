@@ -238,7 +238,8 @@ class MeasureController(Controller):
             self.timed.append(step)
             good = sum(not s["skipped"] for s in self.timed)
             elapsed = end - self.timed_start
-            if good >= self.steps or (elapsed >= self.budget_s and good >= self.min_steps):
+            enough = good >= self.steps or (elapsed >= self.budget_s and good >= self.min_steps)
+            if enough or elapsed >= 3 * self.budget_s:  # e.g. fp16 overflowing at every step
                 self.phase = "profile" if self.profile_steps else "end"
         elif self.phase == "profile" and not skipped:
             marks = self.marks

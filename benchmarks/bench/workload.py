@@ -122,8 +122,8 @@ class BenchModule(L.LightningModule):
             vocab_size=self.experiment.vocab_size,
             **_CONFIG_OVERRIDES[task],
         )
-        if self.spec.hf_checkpointing:
-            self.model.gradient_checkpointing_enable()
+        if self.spec.hf_checkpointing:  # as a Lightning user would; non-reentrant, as lightning-zero's own
+            self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         if hasattr(self.model.config, "use_cache"):
             self.model.config.use_cache = False
         vocab = int(self.model.config.vocab_size)
@@ -164,7 +164,23 @@ def make_strategy(spec: StrategySpec, devices: int, deepspeed_config: dict[str, 
     if spec.kind == "single":
         return "ddp" if devices > 1 else "auto"
     if spec.zero:
-        from lightning_zero.strategies.presets import build_preset
-
-        return build_preset(spec.strategy, **dict(spec.zero))
+        return _registered_variant(spec)
     return spec.strategy
+
+
+def _registered_variant(spec: StrategySpec) -> str:
+    """Register ``spec`` (a preset with fields overridden) under a name of its own, and return the name.
+
+    By name, not as an instance: Lightning refuses ``16-mixed`` for a ``ModelParallelStrategy`` instance (our
+    FSDP2 presets) before the strategy is asked, but not for a registered name.
+    """
+    from functools import partial
+
+    from lightning.pytorch.strategies import StrategyRegistry
+
+    from lightning_zero.strategies.presets import build_preset
+
+    name = f"bench-{spec.label}"
+    factory = partial(build_preset, spec.strategy, **dict(spec.zero))
+    StrategyRegistry.register(name, factory, description=f"benchmark variant {spec.label}", override=True)
+    return name
