@@ -41,6 +41,9 @@ def test_search_doubles_then_jumps_to_the_prediction_and_probes_one_step_up() ->
     history.append((19, 23 * GIB))
     assert next_candidate(history, cap, policy) == 21
     assert next_candidate([(512, GIB)], cap, policy) is None
+    assert next_candidate([(200, int(23.8 * GIB)), (210, int(23.5 * GIB))], cap, policy) == 223, (
+        "no doubling at the cap"
+    )
     assert bracket([1, 2, 19], [21, 40]).resolved(0.06, 512)
     assert not bracket([1, 2, 16], [32]).resolved(0.06, 512)
     assert bracket([], [1]).resolved(0.06, 512) and bracket([], [1]).fits == 0

@@ -260,7 +260,9 @@ def _inferred_oom(row: Row, done: dict[str, dict[str, Any]]) -> dict[str, Any] |
     fixed = done.get(f"{row.experiment}/{experiment.lengths[0].name}/{row.strategy}")
     if not experiment.length(row.lengths).dynamic or not fixed or fixed.get("status") != "oom":
         return None
-    inferred: dict[str, Any] = {k: fixed[k] for k in ("devices", "memory_cap_gib", "precision", "session") if k in fixed}
+    inferred: dict[str, Any] = {
+        k: fixed[k] for k in ("devices", "memory_cap_gib", "precision", "session") if k in fixed
+    }
     return {
         **inferred,
         "row": row.key,

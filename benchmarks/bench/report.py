@@ -32,6 +32,7 @@ class Metrics:
     oom_batch: int | None
     at_limit: bool
     measured_batch: int | None = None
+    fresh_ooms: tuple[int, ...] = ()
     timed_steps: int = 0
     skipped_steps: int = 0
     samples_per_s: float | None = None
@@ -65,6 +66,8 @@ def metrics(record: Mapping[str, Any], peak_tflops: float = DEFAULT_PEAK_TFLOPS)
         at_limit=bool(record.get("at_limit")),
         session=_session_id(record.get("session", {})),
         error=record.get("error"),
+        measured_batch=record.get("measured_batch"),
+        fresh_ooms=tuple(record.get("fresh_ooms", ())),
     )
     measure = record.get("measure")
     if not measure:
@@ -150,21 +153,23 @@ def _fmt(value: float | None, digits: int = 2, suffix: str = "") -> str:
 
 
 def _batch_text(m: Metrics) -> str:
-    if m.status == "error" and not m.max_batch:
-        return "error"
+    """The search's bracket, and what a fresh process then fitted (the batch a user's run can use)."""
     if not m.max_batch:
-        return f"OOM at {m.oom_batch or 1}"
-    text = f"≥{m.max_batch}" if m.at_limit else str(m.max_batch)
+        return "error" if m.status == "error" else f"OOM at {m.oom_batch or 1}"
+    text = f">={m.max_batch}" if m.at_limit else str(m.max_batch)
     if m.oom_batch:
         text += f" ({m.oom_batch} OOM)"
-    if m.measured_batch and m.measured_batch != m.max_batch:
-        text += f", timed at {m.measured_batch}"
+    if m.fresh_ooms:
+        text += "; fresh run OOM at " + ", ".join(str(b) for b in m.fresh_ooms)
+        if m.samples_per_s is not None:
+            text += f", fits {m.measured_batch}"
     return text
 
 
 HEADER = (
-    "| strategy | max batch (first OOM) | samples/s | tokens/s | MFU | step s (p10-p90 spread) | timed / skipped"
-    " | peak GiB reserved | epoch s | x single: batch / speed | x Lightning: batch / speed | fwd/bwd/opt |"
+    "| strategy | max batch: search (first OOM); fresh run | samples/s | tokens/s | MFU | step s (p10-p90 spread)"
+    " | timed / skipped | peak GiB reserved | epoch s | x single: batch / speed | x Lightning: batch / speed"
+    " | fwd/bwd/opt % |"
 )
 
 
@@ -179,10 +184,10 @@ def markdown_table(rows: list[TableRow], experiment: Experiment, lengths: str) -
         profile = (
             "/".join(f"{100 * m.profile[p]:.0f}" for p in ("forward", "backward", "optimizer")) if m.profile else ""
         )
-        spread = _fmt(100 * m.step_spread if m.step_spread is not None else None, 0, "%")
+        spread = f" ({100 * m.step_spread:.0f}%)" if m.step_spread is not None else ""
         lines.append(
             f"| {m.strategy} | {_batch_text(m)} | {_fmt(m.samples_per_s, 1)} | {_fmt(m.tokens_per_s, 0)}"
-            f" | {_fmt(100 * m.mfu if m.mfu else None, 1, '%')} | {_fmt(m.step_s_median, 3)} ({spread})"
+            f" | {_fmt(100 * m.mfu if m.mfu else None, 1, '%')} | {_fmt(m.step_s_median, 3)}{spread}"
             f" | {m.timed_steps} / {m.skipped_steps} | {_fmt(m.peak_reserved_gib, 1)} | {_fmt(m.epoch_s, 1)}"
             f" | {_fmt(row.batch_vs_single)} / {_fmt(row.speed_vs_single)}{mark}"
             f" | {_fmt(row.batch_vs_anchor)} / {_fmt(row.speed_vs_anchor)}{mark} | {profile} |"

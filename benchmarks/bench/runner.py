@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.bench.catalogue import Experiment, Row, find_experiment
-from benchmarks.bench.search import Bracket, SearchPolicy, bracket, next_candidate
+from benchmarks.bench.search import Bracket, SearchPolicy, bracket
 
 REPRODUCE = Path(__file__).resolve().parents[1] / "reproduce.py"
 REPO = REPRODUCE.parents[1]
@@ -279,19 +279,17 @@ def search_row(settings: RunSettings, row: Row, experiment: Experiment, clock: C
         if done or found.resolved(settings.tolerance, limit):
             return SearchResult(found, trials, None, seconds, session)
         limit = found.fails - 1 if found.fails else limit
-        start = _refine_start(found, history, settings, limit)
+        start = _refine_start(found)
     return SearchResult(bracket(ok, failed), trials, None, seconds, session)
 
 
-def _refine_start(found: Bracket, history: list[tuple[int, int]], settings: RunSettings, limit: int) -> int:
-    """Where the next search process starts: the memory prediction inside the open bracket, else its middle."""
-    fitted = [(b, p) for b, p in history if b <= found.fits]
-    cap = int(settings.memory_cap_gib * 1024**3)
-    if found.fits and len(fitted) >= 2 and cap:
-        policy = SearchPolicy(max_batch=limit, tolerance=settings.tolerance)
-        predicted = next_candidate(fitted, cap, policy)
-        if predicted is not None and found.fits < predicted <= limit:
-            return predicted
+def _refine_start(found: Bracket) -> int:
+    """Where the next search process starts: the middle of the open bracket.
+
+    Not the memory prediction: peaks are not affine in the batch near the cap (the optimizer step's transient
+    buffers dominate small batches), and on the device a prediction clipped to the bracket's top walked down
+    one batch per process.
+    """
     return found.refine_start()
 
 
@@ -305,24 +303,50 @@ def _slug(row: Row) -> str:
     return row.key.replace("/", "__").replace("+", "-")
 
 
-def measure_row(
-    settings: RunSettings, row: Row, batch: int, clock: Clock
-) -> tuple[dict[str, Any] | None, int, str | None, float]:
-    """Measure ``row`` at ``batch``; one retry a little lower if a fresh process does not fit it after all."""
-    seconds = 0.0
-    for attempt in range(2):
-        timeout = max(30.0, min(clock.left() - 5, settings.measure_budget_s * 3 + 180))
-        budget = max(5.0, min(settings.measure_budget_s, (clock.left() - 60) / 2))
+FRESH_STEP_DOWN = 0.9
+FRESH_ATTEMPTS = 4
+STARTUP_ESTIMATE_S = 45.0
+
+
+@dataclasses.dataclass
+class MeasureResult:
+    """The measurement of a row, at the largest batch that fitted a fresh process, and the batches that did not."""
+
+    measured: dict[str, Any] | None
+    batch: int
+    fresh_ooms: list[int]
+    error: str | None
+    seconds: float
+
+
+def measure_row(settings: RunSettings, row: Row, batch: int, clock: Clock, step_s: float) -> MeasureResult:
+    """Measure ``row`` at ``batch`` in a fresh process; lower it by 10% while a fresh process does not fit it.
+
+    A fresh run allocates its gradients and optimizer state at the batch it trains, between activations, and
+    needs more memory than the in-process search saw (seen on the device: 10-20% less batch). The largest batch
+    measured is what a user's run fits. ``step_s`` (the search's last step time) sizes the time needed: a
+    measurement that cannot finish in what is left of the run is not started.
+    """
+    seconds, fresh_ooms = 0.0, list[int]()
+    steps_needed = settings.warmup + settings.min_steps + settings.profile_steps
+    for attempt in range(FRESH_ATTEMPTS):
+        needed = STARTUP_ESTIMATE_S + steps_needed * step_s
+        if clock.left() < needed:
+            error = f"not measured: {clock.left():.0f} s left of the run, about {needed:.0f} s needed"
+            return MeasureResult(None, batch, fresh_ooms, error, seconds)
+        timeout = max(needed + 30, min(clock.left() - 5, settings.measure_budget_s * 3 + 180))
+        budget = max(5.0, min(settings.measure_budget_s, (clock.left() - needed) / 2 + settings.min_steps * step_s))
         fit = measure_fit(settings, row, batch, budget_s=budget)
         outcome = run_trial(settings, f"{_slug(row)}-measure{attempt}", [fit], timeout)
         seconds += outcome.seconds
         measured = outcome.events("measured")
         if measured:
-            return measured[0], batch, None, seconds
+            return MeasureResult(measured[0], batch, fresh_ooms, None, seconds)
         if not outcome.events("oom") or batch <= 1:
-            return None, batch, outcome.error() or "no measurement", seconds
-        batch = max(1, int(batch * 0.94))
-    return None, batch, "OOM at the searched batch in a fresh process", seconds
+            return MeasureResult(None, batch, fresh_ooms, outcome.error() or "no measurement", seconds)
+        fresh_ooms.append(batch)
+        batch = max(1, int(batch * FRESH_STEP_DOWN))
+    return MeasureResult(None, batch, fresh_ooms, f"a fresh process ran out of memory at {fresh_ooms}", seconds)
 
 
 def load_results(*folders: Path) -> dict[str, dict[str, Any]]:
@@ -373,10 +397,16 @@ def run_row(
     elif search.bracket.fits == 0:
         record["status"] = "oom"
     else:
-        measured, batch, error, seconds = measure_row(settings, row, search.bracket.fits, clock)
-        record.update(measure=measured, measured_batch=batch, measure_s=round(seconds, 1))
-        record["status"] = "ok" if measured else "error"
-        if error:
-            record["error"] = error
+        step_s = max((t.get("step_s", 0.0) for t in search.trials if t.get("event") == "ok"), default=1.0)
+        result = measure_row(settings, row, search.bracket.fits, clock, step_s)
+        record.update(
+            measure=result.measured,
+            measured_batch=result.batch,
+            fresh_ooms=result.fresh_ooms,
+            measure_s=round(result.seconds, 1),
+            status="ok" if result.measured else "error",
+        )
+        if result.error:
+            record["error"] = result.error
     annotate(record)
     return record

@@ -20,6 +20,7 @@ class SearchPolicy:
         max_batch: Largest micro-batch tried (the result is then "at least this").
         tolerance: Resolution: the search stops once the smallest OOM is within this fraction above the largest fit.
         headroom: Fraction of the predicted maximum to jump to (below it, so that the jump usually fits).
+        near_cap: Above this fraction of the cap, the search only probes one ``tolerance`` step up.
         budget_s: Seconds one search process may spend before it stops ascending.
         history: ``(batch, peak reserved bytes)`` of successful stages from earlier processes, oldest first.
     """
@@ -28,6 +29,7 @@ class SearchPolicy:
     max_batch: int = 512
     tolerance: float = 0.06
     headroom: float = 0.97
+    near_cap: float = 0.95
     budget_s: float = 180.0
     history: tuple[tuple[int, int], ...] = ()
 
@@ -43,6 +45,8 @@ def next_candidate(history: Sequence[tuple[int, int]], cap_bytes: int, policy: S
     if batch >= policy.max_batch:
         return None
     step_up = max(batch + 1, math.ceil(batch * (1 + policy.tolerance)))
+    if cap_bytes > 0 and peak >= policy.near_cap * cap_bytes:
+        return min(step_up, policy.max_batch)  # peaks are noisy up here: never double next to the cap
     candidate = 2 * batch
     previous = [(b, p) for b, p in history[:-1] if b < batch]
     if cap_bytes > 0 and previous:
