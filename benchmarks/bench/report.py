@@ -126,6 +126,14 @@ class TableRow:
     cross_session: bool
 
 
+def usable_batch(m: Metrics) -> int | None:
+    """The batch a user's run can train at: the one measured in a fresh process when the search's did not fit
+    there; ``None`` when no fresh process fitted any (the search's figure is then only an upper bound)."""
+    if m.fresh_ooms:
+        return m.measured_batch if m.samples_per_s is not None else None
+    return m.max_batch or None
+
+
 def table_rows(all_metrics: Iterable[Metrics]) -> list[TableRow]:
     """Each row with its ratios to the single-device row and to Lightning's anchor, same experiment and lengths."""
     by_key = {(m.experiment, m.lengths, m.strategy): m for m in all_metrics}
@@ -138,9 +146,9 @@ def table_rows(all_metrics: Iterable[Metrics]) -> list[TableRow]:
         rows.append(
             TableRow(
                 m,
-                _ratio(m.max_batch or None, single.max_batch or None) if single else None,
+                _ratio(usable_batch(m), usable_batch(single)) if single else None,
                 _ratio(m.samples_per_s, single.samples_per_s) if single else None,
-                _ratio(m.max_batch or None, anchor.max_batch or None) if anchor else None,
+                _ratio(usable_batch(m), usable_batch(anchor)) if anchor else None,
                 _ratio(m.samples_per_s, anchor.samples_per_s) if anchor else None,
                 len(sessions) > 1,
             )
