@@ -1,0 +1,294 @@
+"""What the harness runs: the reports' experiments, the strategies compared on each, and the reports' numbers.
+
+A row of the results table is one (experiment, lengths, strategy). Rows are listed in priority order: a run
+that runs out of device time has measured the headline rows first, and a resumed run goes on from there.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any, Literal
+
+Task = Literal["classification", "seq2seq", "causal"]
+Kind = Literal["single", "lightning", "ours", "fairscale", "fsdp2", "auto"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Lengths:
+    """How long the sequences of a batch are.
+
+    Args:
+        name: ``fixed`` (every sequence at its maximum) or a distribution of :mod:`benchmarks.bench.lengths`.
+        source: Most tokens of a sequence (the encoder's, for seq2seq).
+        target: Most decoder tokens (seq2seq only).
+    """
+
+    name: str
+    source: int = 128
+    target: int = 0
+
+    @property
+    def dynamic(self) -> bool:
+        return self.name != "fixed"
+
+
+@dataclasses.dataclass(frozen=True)
+class StrategySpec:
+    """One strategy as a user would configure it.
+
+    Args:
+        label: The row's name in the table.
+        kind: Who provides it: plain single device/DDP, Lightning's built-in DeepSpeed, ours, FairScale, FSDP2.
+        strategy: The Trainer's strategy name (``auto`` for a plain single device, ``ddp`` on several).
+        zero: Overrides of one of our presets' fields.
+        hf_checkpointing: Call Hugging Face's ``gradient_checkpointing_enable()`` in the module, by hand, as a
+            Lightning user would with Lightning's own strategies.
+        start: The first micro-batch the search tries.
+    """
+
+    label: str
+    kind: Kind
+    strategy: str
+    zero: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    hf_checkpointing: bool = False
+    start: int = 1
+
+    @property
+    def offloads(self) -> bool:
+        return "offload" in self.strategy or any(
+            self.zero.get(key, "none") != "none" for key in ("offload_optimizer", "offload_parameters")
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class ReportRow:
+    """A number from the public reports: a per-GPU micro-batch (``None``: out of memory) and a time in seconds."""
+
+    strategy: str
+    batch: int | None
+    seconds: float | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Experiment:
+    """One of the reports' experiments.
+
+    Args:
+        name: Short name used on the command line.
+        shape: A :mod:`lightning_zero.models.shapes` name (random-initialised weights of the public config).
+        task: What the model is trained to do.
+        lengths: The length settings measured, in priority order.
+        strategies: Every strategy compared, by label.
+        anchor: Label of Lightning's built-in strategy that the report's ZeRO row corresponds to.
+        report: The report's rows: its baseline first, then its ZeRO row.
+        report_gpus: GPUs in the report's run.
+        epoch_samples: Training examples in the report's data, for the epoch-time column (``None``: not stated).
+        source: Where the report's numbers come from.
+        max_batch: The search stops here (reported as "at least").
+        vocab_size: Overrides the shape's vocabulary (the smoke test's tiny twins only).
+        headline: Labels measured first (with the baseline and the anchor): our best configuration.
+    """
+
+    name: str
+    shape: str
+    task: Task
+    lengths: tuple[Lengths, ...]
+    strategies: tuple[StrategySpec, ...]
+    anchor: str
+    report: tuple[ReportRow, ReportRow]
+    report_gpus: int
+    epoch_samples: int | None
+    source: str
+    max_batch: int = 512
+    vocab_size: int | None = None
+    headline: tuple[str, ...] = ("lightning_ds2+hf_gc", "zero2+ac", "zero2_offload+ac", "zero3_offload")
+
+    def strategy(self, label: str) -> StrategySpec:
+        for spec in self.strategies:
+            if spec.label == label:
+                return spec
+        raise KeyError(f"experiment {self.name!r} has no strategy {label!r}: {[s.label for s in self.strategies]}")
+
+    def length(self, name: str) -> Lengths:
+        for lengths in self.lengths:
+            if lengths.name == name:
+                return lengths
+        raise KeyError(f"experiment {self.name!r} has no lengths {name!r}: {[x.name for x in self.lengths]}")
+
+
+@dataclasses.dataclass(frozen=True)
+class Row:
+    """One row of the table: an experiment at one length setting under one strategy."""
+
+    experiment: str
+    lengths: str
+    strategy: str
+
+    @property
+    def key(self) -> str:
+        return f"{self.experiment}/{self.lengths}/{self.strategy}"
+
+
+_AC = {"activation_checkpointing": True}
+SINGLE = StrategySpec("single", "single", "auto")
+LIGHTNING_DS2 = StrategySpec("lightning_ds2", "lightning", "deepspeed_stage_2")
+LIGHTNING_DS2_GC = StrategySpec("lightning_ds2+hf_gc", "lightning", "deepspeed_stage_2", hf_checkpointing=True, start=8)
+ZERO2 = StrategySpec("zero2", "ours", "zero2")
+ZERO2_AC = StrategySpec("zero2+ac", "ours", "zero2", _AC, start=8)
+FAIRSCALE2 = StrategySpec("zero2_fairscale", "fairscale", "zero2_fairscale")
+FSDP2_AC = StrategySpec("zero3_fsdp+ac", "fsdp2", "zero3_fsdp", _AC, start=8)
+GPU_ONLY = (SINGLE, LIGHTNING_DS2, LIGHTNING_DS2_GC, ZERO2_AC, ZERO2, FAIRSCALE2, FSDP2_AC)
+
+_MRPC = "Lightning's DeepSpeed/FairScale report (DeBERTa-v2-xlarge on MRPC, BlenderBot, GPT-2 XL), 2 GPUs"
+_HF = "Hugging Face 'Fit More and Train Faster With ZeRO via DeepSpeed and FairScale' (t5-large 2 GPUs, t5-3b 1 GPU)"
+
+EXPERIMENTS: tuple[Experiment, ...] = (
+    Experiment(
+        name="t5-3b",
+        shape="t5-3b",
+        task="seq2seq",
+        lengths=(Lengths("fixed", 128, 128), Lengths("reviews", 128, 128)),
+        strategies=(
+            SINGLE,
+            StrategySpec(
+                "lightning_ds2_offload+hf_gc", "lightning", "deepspeed_stage_2_offload", hf_checkpointing=True, start=8
+            ),
+            StrategySpec("zero2_offload+ac", "ours", "zero2_offload", _AC, start=8),
+            StrategySpec("zero2_offload+ac+pin", "ours", "zero2_offload", {**_AC, "pin_memory": True}, start=8),
+            StrategySpec("lightning_ds2_offload", "lightning", "deepspeed_stage_2_offload", start=4),
+        ),
+        anchor="lightning_ds2_offload+hf_gc",
+        report=(ReportRow("plain", None), ReportRow("ZeRO-2 + CPU offload + activation checkpointing", 20, 8.85)),
+        report_gpus=1,
+        epoch_samples=60,
+        source=_HF + ": --n_train 60, train time 8.85 s at batch 20",
+    ),
+    Experiment(
+        name="gpt2-xl",
+        shape="gpt2-xl",
+        task="causal",
+        lengths=(Lengths("fixed", 128),),
+        strategies=(
+            SINGLE,
+            StrategySpec("lightning_ds3_offload", "lightning", "deepspeed_stage_3_offload", start=8),
+            StrategySpec("zero3_offload", "ours", "zero3_offload", start=8),
+            StrategySpec("zero2_offload+ac", "ours", "zero2_offload", {**_AC, "pin_memory": True}, start=16),
+            StrategySpec(
+                "lightning_ds3_offload+hf_gc", "lightning", "deepspeed_stage_3_offload", hf_checkpointing=True, start=16
+            ),
+        ),
+        anchor="lightning_ds3_offload",
+        report=(ReportRow("DDP", None), ReportRow("ZeRO-3 + CPU offload", 16)),
+        report_gpus=2,
+        epoch_samples=None,
+        source=_MRPC,
+        max_batch=256,
+    ),
+    Experiment(
+        name="deberta",
+        shape="deberta-v2-xlarge",
+        task="classification",
+        lengths=(Lengths("fixed", 128), Lengths("review-pairs", 128)),
+        strategies=GPU_ONLY,
+        anchor="lightning_ds2",
+        report=(ReportRow("DDP", 8, 103.57), ReportRow("ZeRO-2", 40, 28.98)),
+        report_gpus=2,
+        epoch_samples=3668,
+        source=_MRPC + "; MRPC has 3,668 training pairs",
+    ),
+    Experiment(
+        name="blenderbot",
+        shape="blenderbot-400M-distill",
+        task="seq2seq",
+        lengths=(Lengths("fixed", 128, 64), Lengths("chitchat", 128, 64)),
+        strategies=GPU_ONLY,
+        anchor="lightning_ds2",
+        report=(ReportRow("DDP", 100, 27.36), ReportRow("ZeRO-2", 200, 19.06)),
+        report_gpus=2,
+        epoch_samples=None,
+        source=_MRPC,
+        max_batch=1024,
+    ),
+    Experiment(
+        name="t5-large",
+        shape="t5-large",
+        task="seq2seq",
+        lengths=(Lengths("fixed", 128, 128), Lengths("reviews", 128, 128)),
+        strategies=GPU_ONLY,
+        anchor="lightning_ds2",
+        report=(ReportRow("DDP", 16, 30.95), ReportRow("DeepSpeed ZeRO-2", 40, 10.40)),
+        report_gpus=2,
+        epoch_samples=None,
+        source=_HF,
+    ),
+)
+
+#: Tiny twins for the CPU smoke test of the harness itself.
+SMOKE_EXPERIMENTS: tuple[Experiment, ...] = (
+    Experiment(
+        name="tiny-gpt2",
+        shape="tiny-gpt2",
+        task="causal",
+        lengths=(Lengths("fixed", 32),),
+        strategies=(SINGLE, StrategySpec("zero2", "ours", "zero2"), StrategySpec("ddp", "single", "ddp")),
+        anchor="zero2",
+        report=(ReportRow("DDP", 4), ReportRow("ZeRO-2", 8)),
+        report_gpus=2,
+        epoch_samples=100,
+        source="smoke test",
+        max_batch=64,
+        vocab_size=512,
+    ),
+    Experiment(
+        name="tiny-t5",
+        shape="tiny-t5",
+        task="seq2seq",
+        lengths=(Lengths("reviews", 32, 32),),
+        strategies=(SINGLE,),
+        anchor="single",
+        report=(ReportRow("DDP", 4), ReportRow("ZeRO-2", 8)),
+        report_gpus=1,
+        epoch_samples=None,
+        source="smoke test",
+        max_batch=64,
+        vocab_size=512,
+    ),
+)
+
+
+def find_experiment(name: str) -> Experiment:
+    """The experiment called ``name`` among the reports' and the smoke test's."""
+    for experiment in (*EXPERIMENTS, *SMOKE_EXPERIMENTS):
+        if experiment.name == name:
+            return experiment
+    names = [e.name for e in EXPERIMENTS]
+    raise KeyError(f"unknown experiment {name!r}: choose from {names}")
+
+
+def _tier(experiment: Experiment, lengths: Lengths, spec: StrategySpec) -> int:
+    """0: the report's comparison (baseline, Lightning's anchor, our best); 1: dynamic lengths of those; 2: rest."""
+    headline = spec.label in ("single", experiment.anchor, *experiment.headline)
+    if headline and lengths is experiment.lengths[0]:
+        return 0
+    return 1 if headline else 2
+
+
+def plan_rows(
+    experiments: list[Experiment], strategies: list[str] | None = None, tier_first: bool = False
+) -> list[Row]:
+    """Every row of ``experiments`` (optionally only some strategy labels), headline rows first.
+
+    Experiment by experiment, each one's headline first; with ``tier_first``, every experiment's headline rows
+    before any other row.
+    """
+    rows: list[tuple[int, int, Row]] = []
+    for order, experiment in enumerate(experiments):
+        for lengths in experiment.lengths:
+            for spec in experiment.strategies:
+                if strategies and spec.label not in strategies:
+                    continue
+                tier = _tier(experiment, lengths, spec)
+                rows.append((order, tier, Row(experiment.name, lengths.name, spec.label)))
+    rows.sort(key=lambda item: (item[1], item[0]) if tier_first else (item[0], item[1]))
+    return [row for _, _, row in rows]

@@ -1,0 +1,324 @@
+"""Command line of the harness: ``python benchmarks/reproduce.py run|report|lengths|trial|peak``.
+
+``run`` measures rows (resuming from ``OUT/results.jsonl``) and prints the table last; ``report`` redraws the
+table, CSV and plots from a results folder; ``lengths`` recomputes ``benchmarks/lengths.json`` from shipped
+text; ``trial`` is the worker (started by ``run``); ``peak`` times a large bf16 matrix product on the GPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from benchmarks.bench.catalogue import EXPERIMENTS, Row, find_experiment, plan_rows
+from benchmarks.bench.report import DEFAULT_PEAK_TFLOPS, write_outputs
+
+OVERHEAD_PAIRS = (("zero2", "lightning_ds2"), ("zero2+ac", "lightning_ds2+hf_gc"))
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="reproduce.py", description=__doc__.splitlines()[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+    run = commands.add_parser("run", help="measure rows, resuming; print the table last")
+    run.add_argument("--out", type=Path, required=True)
+    run.add_argument("--trials-dir", type=Path, default=None, help="trial specs and logs (default OUT/trials)")
+    run.add_argument("--tier-first", action="store_true", help="every experiment's headline rows before the rest")
+    run.add_argument("--experiments", default="all", help="comma-separated names, or 'all'")
+    run.add_argument("--strategies", default="", help="only these labels (comma-separated)")
+    run.add_argument("--lengths", default="", help="only these length settings (comma-separated)")
+    run.add_argument("--accelerator", default="gpu", choices=("gpu", "cpu"))
+    run.add_argument("--devices", type=int, default=1)
+    run.add_argument("--cap-gib", type=float, default=24.0, help="per-process memory cap (emulated card)")
+    run.add_argument("--precision", default="16-mixed")
+    run.add_argument("--steps", type=int, default=50)
+    run.add_argument("--min-steps", type=int, default=10)
+    run.add_argument("--warmup", type=int, default=5)
+    run.add_argument("--measure-budget-s", type=float, default=45.0)
+    run.add_argument("--profile-steps", type=int, default=3)
+    run.add_argument("--tolerance", type=float, default=0.06)
+    run.add_argument("--search-budget-s", type=float, default=150.0)
+    run.add_argument("--budget-s", type=float, default=520.0, help="stop starting rows after this")
+    run.add_argument("--threads", type=int, default=0)
+    run.add_argument(
+        "--emulate-memory", default="", help="BASE_GIB:PER_SAMPLE_GIB per rank, comma-separated: a fake memory (tests)"
+    )
+    run.add_argument("--overhead", default="", help="EXPERIMENT:LENGTHS:BATCH:REPEATS, the same-config pairs")
+    run.add_argument("--overhead-steps", type=int, default=60)
+    run.add_argument("--prebuild-ops", action="store_true", help="build DeepSpeed's CPU Adam in the background")
+    run.add_argument("--peak-tflops", type=float, default=DEFAULT_PEAK_TFLOPS)
+    run.add_argument("--redo", action="store_true", help="re-measure rows already in the results")
+    report = commands.add_parser("report", help="table, CSV and plots from a results folder")
+    report.add_argument("results", type=Path, nargs="+", help="results folders; the first gets the outputs")
+    report.add_argument("--peak-tflops", type=float, default=DEFAULT_PEAK_TFLOPS)
+    report.add_argument("--plots", action="store_true")
+    commands.add_parser("lengths", help="recompute benchmarks/lengths.json from shipped text")
+    trial = commands.add_parser("trial", help="(internal) one trial process")
+    trial.add_argument("spec")
+    commands.add_parser("peak", help="bf16 matrix-product TFLOP/s on this GPU")
+    return parser
+
+
+def _settings(args: argparse.Namespace) -> Any:
+    from benchmarks.bench.runner import RunSettings
+
+    gib = 1024**3
+    pairs = [part.split(":") for part in args.emulate_memory.split(",") if part]
+    emulated = tuple((float(base) * gib, float(per_sample) * gib) for base, per_sample in pairs)
+    return RunSettings(
+        out=args.out,
+        trials_dir=args.trials_dir,
+        accelerator=args.accelerator,
+        devices=args.devices,
+        memory_cap_gib=args.cap_gib,
+        precision=args.precision,
+        steps=args.steps,
+        min_steps=min(args.min_steps, args.steps),
+        warmup=args.warmup,
+        measure_budget_s=args.measure_budget_s,
+        profile_steps=args.profile_steps,
+        tolerance=args.tolerance,
+        search_budget_s=args.search_budget_s,
+        budget_s=args.budget_s,
+        threads=args.threads,
+        emulated_memory=emulated,
+    )
+
+
+def _selected_rows(args: argparse.Namespace) -> list[Row]:
+    names = [e.name for e in EXPERIMENTS] if args.experiments == "all" else args.experiments.split(",")
+    experiments = [find_experiment(name) for name in names]
+    rows = plan_rows(experiments, [s for s in args.strategies.split(",") if s] or None, args.tier_first)
+    lengths = [x for x in args.lengths.split(",") if x]
+    return [row for row in rows if not lengths or row.lengths in lengths]
+
+
+class FlopAnnotator:
+    """Adds each timed step's model FLOPs to a row record (the FLOP model is built once per experiment)."""
+
+    def __init__(self) -> None:
+        self.models: dict[str, Any] = {}
+
+    def flop_model(self, experiment_name: str) -> Any:
+        if experiment_name not in self.models:
+            import torch
+
+            from benchmarks.bench.flops import step_flops
+            from benchmarks.bench.workload import _CONFIG_OVERRIDES, AUTO_CLASSES
+            from lightning_zero.models.loading import build_model
+
+            experiment = find_experiment(experiment_name)
+            with torch.device("meta"):
+                model = build_model(
+                    AUTO_CLASSES[experiment.task],
+                    f"shape:{experiment.shape}",
+                    vocab_size=experiment.vocab_size,
+                    **_CONFIG_OVERRIDES[experiment.task],
+                )
+            self.models[experiment_name] = step_flops(model)
+        return self.models[experiment_name]
+
+    def __call__(self, record: dict[str, Any]) -> None:
+        fits = [record["measure"]] if record.get("measure") else []
+        fits += [fit["measured"] for fit in record.get("fits", []) if fit.get("measured")]
+        if not fits:
+            return
+        model = self.flop_model(record["experiment"])
+        for measured in fits:
+            world, batch = measured.get("world_size", 1), measured["batch"]
+            for step in measured["steps"]:
+                step["flops"] = model.per_sample(step["source"], step["target"]) * batch * world
+
+
+def _overhead(args: argparse.Namespace, settings: Any, annotate: FlopAnnotator) -> list[dict[str, Any]]:
+    """The same-config pairs, interleaved A B B A A B ... in one process per pair, uncapped (speed only)."""
+    from benchmarks.bench.runner import measure_fit, run_trial
+    from lightning_zero.strategies.deepspeed_config import (
+        DeepSpeedZeroConfig,
+        TrainerValues,
+        resolve_auto,
+        to_deepspeed_config,
+    )
+    from lightning_zero.strategies.presets import get_preset
+
+    name, lengths, batch, repeats = args.overhead.split(":")
+    experiment = find_experiment(name)
+    overhead_settings = dataclasses.replace(
+        settings, memory_cap_gib=0.0, steps=args.overhead_steps, min_steps=args.overhead_steps
+    )
+    records = []
+    for ours, theirs in OVERHEAD_PAIRS:
+        spec = experiment.strategy(ours)
+        fields = {**get_preset(spec.strategy).fields, **spec.zero}
+        config = resolve_auto(
+            to_deepspeed_config(DeepSpeedZeroConfig.from_dict(fields)),
+            TrainerValues(micro_batch_size=1, precision=settings.precision),
+        )
+        order = [(ours, theirs), (theirs, ours)]
+        labels = [label for i in range(int(repeats)) for label in order[i % 2]]
+        fits = []
+        for label in labels:
+            extra = {"deepspeed_config": config} if label == theirs else {}
+            row = Row(name, lengths, label)
+            fits.append(
+                {**measure_fit(overhead_settings, row, int(batch), **extra), "label": label, "profile_steps": 0}
+            )
+        outcome = run_trial(
+            overhead_settings, f"overhead-{ours}", fits, timeout_s=max(60.0, min(540.0, 60.0 + 40 * len(fits)))
+        )
+        measured = outcome.events("measured")
+        fit_records = [{"label": fits[r["fit"]]["label"], "measured": r} for r in measured if r.get("fit") is not None]
+        record: dict[str, Any] = {
+            "row": f"overhead/{name}/{ours}~{theirs}",
+            "experiment": name,
+            "lengths": lengths,
+            "batch": int(batch),
+            "steps": args.overhead_steps,
+            "labels": [ours, theirs],
+            "deepspeed_config": config,
+            "fits": fit_records,
+            "order": labels,
+            "session": next((r["session"] for r in outcome.events("session")), {}),
+        }
+        if outcome.error():
+            record["error"] = outcome.error()
+        annotate(record)
+        records.append(record)
+    return records
+
+
+def _peak_tflops_subprocess(out: Path) -> None:
+    command = [sys.executable, str(Path(__file__).resolve().parents[1] / "reproduce.py"), "peak"]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    line = (result.stdout.strip().splitlines() or ["{}"])[-1]
+    with (out / "machine.jsonl").open("a") as handle:
+        handle.write(json.dumps({"t": time.time(), **json.loads(line)}) + "\n")
+    print("peak:", line, flush=True)
+
+
+def measure_peak() -> None:
+    """Time 8192³ bf16 matrix products on random data: the dense ceiling MFU is read against."""
+    import torch
+
+    a, b = (torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    for _ in range(3):
+        a @ b
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(20):
+        a @ b
+    end.record()
+    torch.cuda.synchronize()
+    tflops = 20 * 2 * 8192**3 / (start.elapsed_time(end) / 1e3) / 1e12
+    props = torch.cuda.get_device_properties(0)
+    print(json.dumps({"bf16_tflops": round(tflops, 1), "gpu": props.name, "gpu_memory": props.total_memory}))
+
+
+def run(args: argparse.Namespace) -> None:
+    from benchmarks.bench.runner import Clock, append_result, finished, load_results, run_row
+
+    settings = _settings(args)
+    args.out.mkdir(parents=True, exist_ok=True)
+    if args.prebuild_ops:
+        build = "from deepspeed.ops.op_builder import CPUAdamBuilder; CPUAdamBuilder().load()"
+        subprocess.Popen(
+            [sys.executable, "-c", build], stdout=(args.out / "cpu_adam_build.log").open("w"), stderr=subprocess.STDOUT
+        )
+    if args.accelerator == "gpu":
+        _peak_tflops_subprocess(args.out)
+    clock = Clock(settings.budget_s)
+    annotate = FlopAnnotator()
+    done = load_results(args.out)
+    for row in _selected_rows(args):
+        if row.key in done and finished(done[row.key]) and not args.redo:
+            continue
+        offloads = find_experiment(row.experiment).strategy(row.strategy).offloads
+        if clock.left() < (settings.offload_reserve_s if offloads else settings.row_reserve_s):
+            print(f"time budget too short for {row.key}: run the same command again to go on", flush=True)
+            continue
+        record = _inferred_oom(row, done) or run_row(settings, row, clock, annotate)
+        append_result(args.out, record)
+        done[row.key] = record
+        print(_summary(record), flush=True)
+    if args.overhead and clock.left() > settings.row_reserve_s:
+        key_prefix = "overhead/" + args.overhead.split(":")[0] + "/"
+        if args.redo or not any(k.startswith(key_prefix) for k in done):
+            for record in _overhead(args, settings, annotate):
+                append_result(args.out, record)
+    print(write_outputs(load_results(args.out).values(), args.out, args.peak_tflops), flush=True)
+
+
+def _inferred_oom(row: Row, done: dict[str, dict[str, Any]]) -> dict[str, Any] | None:
+    """A dynamic-lengths row whose fixed-length twin does not fit batch 1: it cannot fit either (its lengths are
+    no longer), so it is recorded as such without spending device time."""
+    experiment = find_experiment(row.experiment)
+    fixed = done.get(f"{row.experiment}/{experiment.lengths[0].name}/{row.strategy}")
+    if not experiment.length(row.lengths).dynamic or not fixed or fixed.get("status") != "oom":
+        return None
+    inferred: dict[str, Any] = {
+        k: fixed[k] for k in ("devices", "memory_cap_gib", "precision", "session") if k in fixed
+    }
+    return {
+        **inferred,
+        "row": row.key,
+        "experiment": row.experiment,
+        "lengths": row.lengths,
+        "strategy": row.strategy,
+        "status": "oom",
+        "max_batch": 0,
+        "oom_batch": 1,
+        "at_limit": False,
+        "search_trials": [],
+        "search_s": 0.0,
+        "note": f"inferred from {fixed['row']} (OOM at batch 1 with longer sequences)",
+    }
+
+
+def _summary(record: dict[str, Any]) -> str:
+    measure = record.get("measure") or {}
+    steps = [s for s in measure.get("steps", []) if not s["skipped"]]
+    seconds = sum(s["s"] for s in steps)
+    speed = f"{len(steps) * measure['batch'] * measure.get('world_size', 1) / seconds:.1f} samples/s" if seconds else ""
+    return (
+        f"{record['row']}: {record['status']} max batch {record['max_batch']} (OOM {record['oom_batch']})"
+        f" {speed} search {record['search_s']} s {record.get('error', '')[-300:]}"
+    )
+
+
+def report(args: argparse.Namespace) -> None:
+    from benchmarks.bench.report import metrics, table_rows
+    from benchmarks.bench.runner import load_results
+
+    records = list(load_results(*args.results).values())
+    target = args.results[0]
+    print(write_outputs(records, target, args.peak_tflops))
+    if args.plots:
+        from benchmarks.bench.plots import plot_experiments
+
+        rows = table_rows(metrics(r, args.peak_tflops) for r in records if not str(r["row"]).startswith("overhead/"))
+        cap = next((r.get("memory_cap_gib") for r in records if r.get("memory_cap_gib")), None)
+        for path in plot_experiments(rows, target, f"one H200, each process capped at {cap} GiB"):
+            print("wrote", path)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = _parser().parse_args(argv)
+    if args.command == "run":
+        run(args)
+    elif args.command == "report":
+        report(args)
+    elif args.command == "lengths":
+        from benchmarks.bench.lengths import write_lengths_file
+
+        print(json.dumps(write_lengths_file(), indent=1))
+    elif args.command == "trial":
+        from benchmarks.bench.worker import main as trial_main
+
+        trial_main(args.spec)
+    else:
+        measure_peak()

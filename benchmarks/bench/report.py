@@ -1,0 +1,299 @@
+"""From raw row records to the results table: throughput, MFU, ratios within the run, the reports beside ours.
+
+Everything here is computed from ``results.jsonl`` alone, so ``reproduce.py report`` redraws the table, the CSV
+and the plots on any machine, without a GPU.
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import statistics
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+from benchmarks.bench.catalogue import EXPERIMENTS, Experiment, find_experiment
+
+GIB = 1024**3
+DEFAULT_PEAK_TFLOPS = 790.0
+
+
+@dataclasses.dataclass(frozen=True)
+class Metrics:
+    """One row's figures."""
+
+    key: str
+    experiment: str
+    lengths: str
+    strategy: str
+    status: str
+    max_batch: int
+    oom_batch: int | None
+    at_limit: bool
+    measured_batch: int | None = None
+    fresh_ooms: tuple[int, ...] = ()
+    timed_steps: int = 0
+    skipped_steps: int = 0
+    samples_per_s: float | None = None
+    tokens_per_s: float | None = None
+    mfu: float | None = None
+    step_s_median: float | None = None
+    step_spread: float | None = None
+    peak_reserved_gib: float | None = None
+    peak_allocated_gib: float | None = None
+    epoch_s: float | None = None
+    profile: Mapping[str, float] | None = None
+    session: str = ""
+    error: str | None = None
+
+
+def _session_id(session: Mapping[str, Any]) -> str:
+    return f"{session.get('host', '?')}:{session.get('gpu_uuid', '')}"
+
+
+def metrics(record: Mapping[str, Any], peak_tflops: float = DEFAULT_PEAK_TFLOPS) -> Metrics:
+    """The figures of one row record."""
+    experiment = find_experiment(record["experiment"])
+    base = Metrics(
+        key=record["row"],
+        experiment=record["experiment"],
+        lengths=record["lengths"],
+        strategy=record["strategy"],
+        status=record["status"],
+        max_batch=int(record.get("max_batch", 0)),
+        oom_batch=record.get("oom_batch"),
+        at_limit=bool(record.get("at_limit")),
+        session=_session_id(record.get("session", {})),
+        error=record.get("error"),
+        measured_batch=record.get("measured_batch"),
+        fresh_ooms=tuple(record.get("fresh_ooms", ())),
+    )
+    measure = record.get("measure")
+    if not measure:
+        return base
+    world = int(measure.get("world_size", 1))
+    batch = int(measure["batch"])
+    good = [step for step in measure["steps"] if not step["skipped"]]
+    seconds = sum(step["s"] for step in good)
+    if not good or seconds <= 0:
+        return dataclasses.replace(base, measured_batch=batch, skipped_steps=len(measure["steps"]))
+    samples_per_s = len(good) * batch * world / seconds
+    tokens_per_s = sum(step["tokens"] for step in good) * world / seconds
+    flops = sum(step.get("flops", 0.0) for step in good)
+    times = sorted(step["s"] for step in good)
+    median = statistics.median(times)
+    spread = (times[int(0.9 * (len(times) - 1))] - times[int(0.1 * (len(times) - 1))]) / median
+    profile = _profile_shares(measure.get("profile") or [])
+    return dataclasses.replace(
+        base,
+        measured_batch=batch,
+        timed_steps=len(good),
+        skipped_steps=len(measure["steps"]) - len(good),
+        samples_per_s=samples_per_s,
+        tokens_per_s=tokens_per_s,
+        mfu=flops / seconds / (peak_tflops * 1e12) if flops else None,
+        step_s_median=median,
+        step_spread=spread,
+        peak_reserved_gib=measure.get("peak_reserved", 0) / GIB,
+        peak_allocated_gib=measure.get("peak_allocated", 0) / GIB,
+        epoch_s=experiment.epoch_samples / samples_per_s if experiment.epoch_samples else None,
+        profile=profile,
+    )
+
+
+def _profile_shares(steps: list[Mapping[str, float]]) -> dict[str, float] | None:
+    if not steps:
+        return None
+    totals = {part: sum(step[part] for step in steps) for part in ("forward", "backward", "optimizer")}
+    whole = sum(totals.values())
+    return {part: value / whole for part, value in totals.items()} if whole > 0 else None
+
+
+def _ratio(value: float | None, reference: float | None) -> float | None:
+    if value is None or reference is None or reference == 0:
+        return None
+    return value / reference
+
+
+@dataclasses.dataclass(frozen=True)
+class TableRow:
+    metrics: Metrics
+    batch_vs_single: float | None
+    speed_vs_single: float | None
+    batch_vs_anchor: float | None
+    speed_vs_anchor: float | None
+    cross_session: bool
+
+
+def usable_batch(m: Metrics) -> int | None:
+    """The batch a user's run can train at: the one measured in a fresh process when the search's did not fit
+    there; ``None`` when no fresh process fitted any (the search's figure is then only an upper bound)."""
+    if m.fresh_ooms:
+        return m.measured_batch if m.samples_per_s is not None else None
+    return m.max_batch or None
+
+
+def table_rows(all_metrics: Iterable[Metrics]) -> list[TableRow]:
+    """Each row with its ratios to the single-device row and to Lightning's anchor, same experiment and lengths."""
+    by_key = {(m.experiment, m.lengths, m.strategy): m for m in all_metrics}
+    rows = []
+    for (name, lengths, _), m in by_key.items():
+        experiment = find_experiment(name)
+        single = by_key.get((name, lengths, "single"))
+        anchor = by_key.get((name, lengths, experiment.anchor))
+        sessions = {r.session for r in (m, single, anchor) if r is not None and r.samples_per_s}
+        rows.append(
+            TableRow(
+                m,
+                _ratio(usable_batch(m), usable_batch(single)) if single else None,
+                _ratio(m.samples_per_s, single.samples_per_s) if single else None,
+                _ratio(usable_batch(m), usable_batch(anchor)) if anchor else None,
+                _ratio(m.samples_per_s, anchor.samples_per_s) if anchor else None,
+                len(sessions) > 1,
+            )
+        )
+    return rows
+
+
+def _fmt(value: float | None, digits: int = 2, suffix: str = "") -> str:
+    return "" if value is None else f"{value:.{digits}f}{suffix}"
+
+
+def _batch_text(m: Metrics) -> str:
+    """The search's bracket, and what a fresh process then fitted (the batch a user's run can use)."""
+    if not m.max_batch:
+        return "error" if m.status == "error" else f"OOM at {m.oom_batch or 1}"
+    text = f">={m.max_batch}" if m.at_limit else str(m.max_batch)
+    if m.oom_batch:
+        text += f" ({m.oom_batch} OOM)"
+    if m.fresh_ooms:
+        text += "; fresh run OOM at " + ", ".join(str(b) for b in m.fresh_ooms)
+        if m.samples_per_s is not None:
+            text += f", fits {m.measured_batch}"
+    return text
+
+
+HEADER = (
+    "| strategy | max batch: search (first OOM); fresh run | samples/s | tokens/s | MFU | step s (p10-p90 spread)"
+    " | timed / skipped | peak GiB reserved | epoch s | x single: batch / speed | x Lightning: batch / speed"
+    " | fwd/bwd/opt % |"
+)
+
+
+def markdown_table(rows: list[TableRow], experiment: Experiment, lengths: str) -> str:
+    """One experiment at one length setting."""
+    lines = [HEADER, "|" + "---|" * (HEADER.count("|") - 1)]
+    for row in rows:
+        m = row.metrics
+        if m.experiment != experiment.name or m.lengths != lengths:
+            continue
+        mark = " †" if row.cross_session else ""
+        profile = (
+            "/".join(f"{100 * m.profile[p]:.0f}" for p in ("forward", "backward", "optimizer")) if m.profile else ""
+        )
+        spread = f" ({100 * m.step_spread:.0f}%)" if m.step_spread is not None else ""
+        lines.append(
+            f"| {m.strategy} | {_batch_text(m)} | {_fmt(m.samples_per_s, 1)} | {_fmt(m.tokens_per_s, 0)}"
+            f" | {_fmt(100 * m.mfu if m.mfu else None, 1, '%')} | {_fmt(m.step_s_median, 3)}{spread}"
+            f" | {m.timed_steps} / {m.skipped_steps} | {_fmt(m.peak_reserved_gib, 1)} | {_fmt(m.epoch_s, 1)}"
+            f" | {_fmt(row.batch_vs_single)} / {_fmt(row.speed_vs_single)}{mark}"
+            f" | {_fmt(row.batch_vs_anchor)} / {_fmt(row.speed_vs_anchor)}{mark} | {profile} |"
+        )
+    return "\n".join(lines)
+
+
+def report_line(experiment: Experiment) -> str:
+    """The report's own numbers and its ratio."""
+    base, zero = experiment.report
+    parts = []
+    for row in (base, zero):
+        batch = "OOM" if row.batch is None else str(row.batch)
+        parts.append(f"{row.strategy} batch {batch}" + (f", {row.seconds} s" if row.seconds else ""))
+    ratio = ""
+    if base.batch and zero.batch:
+        ratio = f"; batch x{zero.batch / base.batch:.2f}"
+    if base.seconds and zero.seconds:
+        ratio += f", speed x{base.seconds / zero.seconds:.2f}"
+    return f"Report ({experiment.report_gpus} GPU): " + " vs ".join(parts) + ratio + "."
+
+
+def _fit_speed(measured: Mapping[str, Any]) -> float | None:
+    good = [step for step in measured["steps"] if not step["skipped"]]
+    seconds = sum(step["s"] for step in good)
+    return len(good) * measured["batch"] * measured.get("world_size", 1) / seconds if seconds else None
+
+
+def overhead_section(records: Iterable[Mapping[str, Any]]) -> str:
+    """Same-config overhead: ours against Lightning's built-in with the identical DeepSpeed config, interleaved."""
+    lines = []
+    for record in records:
+        if not str(record.get("row", "")).startswith("overhead/"):
+            continue
+        ours, theirs = record["labels"]
+        speeds: dict[str, list[float]] = {ours: [], theirs: []}
+        for fit in record.get("fits", []):
+            speed = _fit_speed(fit["measured"]) if fit.get("measured") else None
+            if speed:
+                speeds[fit["label"]].append(speed)
+        if not speeds[ours] or not speeds[theirs]:
+            lines.append(f"| {record['experiment']} | {ours} vs {theirs} | {record.get('error', 'incomplete')} | | | |")
+            continue
+        mean_ours, mean_theirs = statistics.mean(speeds[ours]), statistics.mean(speeds[theirs])
+        each = " / ".join(f"{v:.1f}" for v in speeds[ours]) + " vs " + " / ".join(f"{v:.1f}" for v in speeds[theirs])
+        spread = (
+            max((max(v) - min(v)) / statistics.mean(v) for v in speeds.values() if len(v) > 1)
+            if any(len(v) > 1 for v in speeds.values())
+            else 0.0
+        )
+        lines.append(
+            f"| {record['experiment']} ({record['lengths']}, batch {record['batch']}) | {ours} vs {theirs}"
+            f" | {each} | {mean_ours / mean_theirs:.3f} | {100 * spread:.1f}% | {record['steps']} |"
+        )
+    if not lines:
+        return ""
+    head = (
+        "### Same-config overhead (interleaved in one process, identical DeepSpeed config)\n\n"
+        "| workload | ours vs Lightning | samples/s per repeat | ours / Lightning | largest repeat spread"
+        " | timed steps |\n"
+        "|---|---|---|---|---|---|"
+    )
+    return head + "\n" + "\n".join(lines)
+
+
+def write_outputs(records: Iterable[Mapping[str, Any]], out: Path, peak_tflops: float = DEFAULT_PEAK_TFLOPS) -> str:
+    """Write ``table.md`` and ``results.csv`` into ``out``; return the markdown."""
+    records = list(records)
+    rows = table_rows(
+        metrics(r, peak_tflops) for r in records if not str(r.get("row", "overhead/")).startswith("overhead/")
+    )
+    sections = []
+    names = [e.name for e in EXPERIMENTS]
+    present = sorted({r.metrics.experiment for r in rows}, key=lambda n: names.index(n) if n in names else 99)
+    for name in present:
+        experiment = find_experiment(name)
+        for lengths in [x.name for x in experiment.lengths]:
+            if not any(r.metrics.experiment == name and r.metrics.lengths == lengths for r in rows):
+                continue
+            sections.append(f"### {name}, lengths: {lengths}\n\n{report_line(experiment)}\n\n")
+            sections[-1] += markdown_table(rows, experiment, lengths)
+    overhead = overhead_section(records)
+    if overhead:
+        sections.append(overhead)
+    text = "\n\n".join(sections) + "\n"
+    (out / "table.md").write_text(text)
+    _write_csv(rows, out / "results.csv")
+    return text
+
+
+def _write_csv(rows: list[TableRow], path: Path) -> None:
+    fields = [f.name for f in dataclasses.fields(Metrics) if f.name not in ("profile", "error")]
+    extra = ["batch_vs_single", "speed_vs_single", "batch_vs_anchor", "speed_vs_anchor", "cross_session"]
+    with path.open("w", newline="") as handle:
+        writer = csv.writer(handle)
+        writer.writerow([*fields, "forward_share", "backward_share", "optimizer_share", *extra])
+        for row in rows:
+            m = row.metrics
+            shares = [m.profile.get(p) if m.profile else None for p in ("forward", "backward", "optimizer")]
+            ratios = [row.batch_vs_single, row.speed_vs_single, row.batch_vs_anchor, row.speed_vs_anchor]
+            writer.writerow([getattr(m, f) for f in fields] + shares + ratios + [row.cross_session])

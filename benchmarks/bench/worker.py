@@ -1,0 +1,370 @@
+"""One trial process (one rank of it): builds the model once and runs a batch-size search or a timed measurement.
+
+The parent (:mod:`benchmarks.bench.runner`) starts one such process per rank with a JSON spec and reads what each
+rank appends to its own progress file, one JSON record a line, flushed as it happens. An out-of-memory error
+writes its record and ends the process at once (``os._exit``): after an OOM on one rank the others may wait in a
+collective for ever, so the parent kills the whole trial; nothing here tries to recover.
+
+Search: stages of increasing micro-batch, each one or two steps at the worst-case lengths, with the allocator's
+cache emptied between stages; each stage's peak reserved memory (the maximum over ranks) predicts where the cap
+is, so the search doubles while far from it and then closes in (:func:`benchmarks.bench.search.next_candidate`).
+Measure: warm-up steps, then timed steps (a CUDA sync around each) until enough non-skipped ones or the time
+budget, then a few profiled steps with syncs between forward, backward and optimizer step.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import os
+import platform
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any, TextIO
+
+import lightning as L
+import torch
+
+from benchmarks.bench.catalogue import find_experiment
+from benchmarks.bench.search import SearchPolicy, next_candidate
+from benchmarks.bench.workload import BenchModule, make_strategy, step_loader
+
+EXIT_OOM = 3
+EXIT_ERROR = 4
+MAX_STEPS = 1_000_000
+
+
+class RecordWriter:
+    """Appends JSON records to one rank's progress file, flushed at once."""
+
+    def __init__(self, path: Path) -> None:
+        self.handle: TextIO = path.open("a")
+
+    def write(self, record: dict[str, Any]) -> None:
+        self.handle.write(json.dumps({"t": round(time.time(), 3), **record}) + "\n")
+        self.handle.flush()
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _peak_bytes(device: torch.device) -> tuple[int, int]:
+    if device.type != "cuda":
+        return 0, 0
+    return torch.cuda.max_memory_allocated(device), torch.cuda.max_memory_reserved(device)
+
+
+def _reset_memory(device: torch.device) -> None:
+    if device.type == "cuda":
+        gc.collect()
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(device)
+
+
+class SkipCounter:
+    """Counts optimizer steps skipped for fp16 overflow: DeepSpeed's own counter, or a falling GradScaler scale."""
+
+    def __init__(self) -> None:
+        self.skipped = 0
+        self._scale: float | None = None
+
+    def update(self, trainer: L.Trainer) -> int:
+        engine = getattr(trainer.strategy, "deepspeed_engine", None)
+        if engine is not None:
+            self.skipped = int(engine.skipped_steps)
+            return self.skipped
+        scaler = getattr(trainer.precision_plugin, "scaler", None)
+        if scaler is not None:
+            scale = float(scaler.get_scale())
+            if self._scale is not None and scale < self._scale:
+                self.skipped += 1
+            self._scale = scale
+        return self.skipped
+
+
+class EmulatedMemory:
+    """A stand-in for GPU memory on CPU: ``base + per_sample * batch`` bytes, an OOM above the cap (tests only)."""
+
+    def __init__(self, base: float, per_sample: float, cap: float) -> None:
+        self.base, self.per_sample, self.cap = base, per_sample, cap
+        self.high = 0.0
+
+    def allocate(self, batch: int) -> None:
+        need = self.base + self.per_sample * batch
+        if need > self.cap:
+            raise torch.OutOfMemoryError(f"emulated memory cap: batch {batch} needs {need:.0f} > {self.cap:.0f} bytes")
+        self.high = max(self.high, need)
+
+    def peak(self) -> tuple[int, int]:
+        return int(self.high), int(self.high)
+
+    def reset(self) -> None:
+        self.high = 0.0
+
+
+class Controller(L.Callback):
+    """Decides each step's micro-batch and records what happened; ends the fit when done."""
+
+    def __init__(self, writer: RecordWriter, fit_index: int, memory: EmulatedMemory | None) -> None:
+        self.writer, self.fit_index, self.memory = writer, fit_index, memory
+        self.batch = 1
+        self.worst = True
+        self.device = torch.device("cpu")
+
+    def next_batch(self) -> tuple[int, bool]:
+        if self.memory is not None:
+            self.memory.allocate(self.batch)
+        return self.batch, self.worst
+
+    def peak_bytes(self) -> tuple[int, int]:
+        return self.memory.peak() if self.memory is not None else _peak_bytes(self.device)
+
+    def record(self, **fields: Any) -> None:
+        self.writer.write({"fit": self.fit_index, **fields})
+
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        self.device = trainer.strategy.root_device
+
+    def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
+        if isinstance(exception, torch.OutOfMemoryError):
+            allocated, reserved = self.peak_bytes()
+            self.record(event="oom", batch=self.batch, peak_allocated=allocated, peak_reserved=reserved)
+            os._exit(EXIT_OOM)
+        self.record(event="error", batch=self.batch, error=traceback.format_exc()[-3000:])
+        os._exit(EXIT_ERROR)
+
+
+class SearchController(Controller):
+    """Stages of increasing micro-batch at the worst-case lengths; each stage's peak memory picks the next."""
+
+    def __init__(
+        self, writer: RecordWriter, fit_index: int, memory: EmulatedMemory | None, policy: SearchPolicy, cap_bytes: int
+    ) -> None:
+        super().__init__(writer, fit_index, memory)
+        self.policy, self.cap_bytes = policy, cap_bytes
+        self.batch = policy.start
+        self.history: list[tuple[int, int]] = [tuple(pair) for pair in policy.history]  # type: ignore[misc]
+        self.stage_steps = 0
+        self.stage_start = 0.0
+        self.first_stage = True
+        self.started = time.perf_counter()
+
+    def on_train_batch_start(self, trainer: L.Trainer, *args: Any) -> None:
+        if self.stage_steps == 0:
+            _reset_memory(self.device)
+            if self.memory is not None:
+                self.memory.reset()
+            self.stage_start = time.perf_counter()
+
+    def on_train_batch_end(self, trainer: L.Trainer, *args: Any) -> None:
+        self.stage_steps += 1
+        if self.stage_steps < (2 if self.first_stage else 1):
+            return
+        _sync(self.device)
+        seconds = (time.perf_counter() - self.stage_start) / self.stage_steps
+        allocated, reserved = self.peak_bytes()
+        peaks = torch.tensor([allocated, reserved], dtype=torch.float64, device=self.device)
+        allocated, reserved = (int(v) for v in trainer.strategy.reduce(peaks, reduce_op="max").tolist())
+        self.record(event="ok", batch=self.batch, peak_allocated=allocated, peak_reserved=reserved, step_s=seconds)
+        self.history.append((self.batch, reserved))
+        self.first_stage, self.stage_steps = False, 0
+        out_of_time = time.perf_counter() - self.started + seconds * 2 > self.policy.budget_s
+        candidate = None if out_of_time else next_candidate(self.history, self.cap_bytes, self.policy)
+        if candidate is None:
+            self.record(event="done", reason="budget" if out_of_time else "limit")
+            trainer.should_stop = True
+        else:
+            self.batch = candidate
+
+
+class MeasureController(Controller):
+    """Warm-up, then timed steps at one micro-batch, then a few profiled steps."""
+
+    def __init__(
+        self,
+        writer: RecordWriter,
+        fit_index: int,
+        memory: EmulatedMemory | None,
+        batch: int,
+        warmup: int,
+        steps: int,
+        budget_s: float,
+        min_steps: int,
+        profile_steps: int,
+    ) -> None:
+        super().__init__(writer, fit_index, memory)
+        self.batch, self.worst = batch, False
+        self.warmup, self.steps, self.budget_s = warmup, steps, budget_s
+        self.min_steps, self.profile_steps = min_steps, profile_steps
+        self.skips = SkipCounter()
+        self.done_steps = 0
+        self.timed: list[dict[str, Any]] = []
+        self.profile: list[dict[str, float]] = []
+        self.marks: dict[str, float] = {}
+        self.timed_start = 0.0
+        self.phase = "warmup"
+
+    def _mark(self, name: str) -> None:
+        if self.phase == "profile":
+            _sync(self.device)
+            self.marks[name] = time.perf_counter()
+
+    def on_train_batch_start(self, trainer: L.Trainer, *args: Any) -> None:
+        _sync(self.device)
+        if self.phase == "warmup" and self.done_steps == self.warmup:
+            self.phase, self.timed_start = "timed", time.perf_counter()
+            _reset_peak(self.device)
+        self.marks = {"start": time.perf_counter()}
+
+    def on_before_backward(self, trainer: L.Trainer, pl_module: L.LightningModule, loss: torch.Tensor) -> None:
+        self._mark("backward")
+
+    def on_after_backward(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._mark("optimizer")
+
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, *args: Any) -> None:
+        _sync(self.device)
+        end = time.perf_counter()
+        self.done_steps += 1
+        before = self.skips.skipped
+        skipped = self.skips.update(trainer) > before
+        assert isinstance(pl_module, BenchModule)
+        step = {"s": end - self.marks["start"], "skipped": skipped, **pl_module.last_facts}
+        if self.phase == "timed":
+            self.timed.append(step)
+            good = sum(not s["skipped"] for s in self.timed)
+            elapsed = end - self.timed_start
+            enough = good >= self.steps or (elapsed >= self.budget_s and good >= self.min_steps)
+            if enough or elapsed >= 3 * self.budget_s:  # e.g. fp16 overflowing at every step
+                self.phase = "profile" if self.profile_steps else "end"
+        elif self.phase == "profile" and not skipped:
+            marks = self.marks
+            self.profile.append(
+                {
+                    "forward": marks.get("backward", end) - marks["start"],
+                    "backward": marks.get("optimizer", end) - marks.get("backward", end),
+                    "optimizer": end - marks.get("optimizer", end),
+                }
+            )
+            if len(self.profile) >= self.profile_steps:
+                self.phase = "end"
+        if self.phase == "end":
+            self._finish(trainer)
+
+    def _finish(self, trainer: L.Trainer) -> None:
+        allocated, reserved = self.peak_bytes()
+        self.record(
+            event="measured",
+            batch=self.batch,
+            world_size=trainer.world_size,
+            warmup=self.warmup,
+            steps=self.timed,
+            profile=self.profile,
+            peak_allocated=allocated,
+            peak_reserved=reserved,
+            skipped_total=self.skips.skipped,
+        )
+        trainer.should_stop = True
+
+
+def _reset_peak(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+
+
+def session_info(device: str) -> dict[str, Any]:
+    """Versions and hardware facts recorded with every row."""
+    import lightning
+
+    info: dict[str, Any] = {
+        "host": platform.node(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "lightning": lightning.__version__,
+        "cpus": os.cpu_count(),
+    }
+    for name in ("transformers", "deepspeed", "fairscale"):
+        try:
+            info[name] = __import__(name).__version__
+        except ImportError:
+            info[name] = None
+    if device == "gpu" and torch.cuda.is_available():
+        props = torch.cuda.get_device_properties(0)
+        info.update(gpu=props.name, gpu_memory=props.total_memory, gpu_uuid=str(getattr(props, "uuid", "")))
+    return info
+
+
+def _controller(fit: dict[str, Any], spec: dict[str, Any], writer: RecordWriter, index: int) -> Controller:
+    rank = int(os.environ.get("RANK", "0"))
+    cap = int(spec["memory_cap_gib"] * 1024**3)
+    emulated = spec.get("emulated_memory") or []
+    memory = EmulatedMemory(float(emulated[rank][0]), float(emulated[rank][1]), cap) if rank < len(emulated) else None
+    if fit["mode"] == "search":
+        return SearchController(writer, index, memory, SearchPolicy(**fit["policy"]), cap)
+    return MeasureController(
+        writer,
+        index,
+        memory,
+        batch=int(fit["batch"]),
+        warmup=int(fit["warmup"]),
+        steps=int(fit["steps"]),
+        budget_s=float(fit["budget_s"]),
+        min_steps=int(fit["min_steps"]),
+        profile_steps=int(fit.get("profile_steps", 0)),
+    )
+
+
+def run_fit(fit: dict[str, Any], spec: dict[str, Any], writer: RecordWriter, index: int) -> None:
+    """One ``Trainer.fit``: a search or a measurement of one row (a fresh Trainer and model)."""
+    experiment = find_experiment(fit["experiment"])
+    strategy_spec = experiment.strategy(fit["strategy"])
+    lengths = experiment.length(fit["lengths"])
+    controller = _controller(fit, spec, writer, index)
+    module = BenchModule(
+        experiment, strategy_spec, lengths, controller.next_batch, float(spec["memory_cap_gib"]), seed=index
+    )
+    trainer = L.Trainer(
+        accelerator=spec["accelerator"],
+        devices=int(spec["devices"]),
+        strategy=make_strategy(strategy_spec, int(spec["devices"]), fit.get("deepspeed_config")),
+        precision=spec["precision"],
+        max_steps=MAX_STEPS,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        use_distributed_sampler=False,
+        limit_val_batches=0,
+        num_sanity_val_steps=0,
+        callbacks=[controller],
+    )
+    controller.record(event="start", mode=fit["mode"], label=fit.get("label", fit["strategy"]))
+    trainer.fit(module, step_loader(MAX_STEPS))
+    del trainer, module
+    _reset_memory(controller.device)
+
+
+def main(spec_path: str) -> None:
+    """Run every fit of the spec in order, in this process (rank ``$RANK`` of ``spec['devices']``)."""
+    spec = json.loads(Path(spec_path).read_text())
+    rank = int(os.environ.get("RANK", "0"))
+    if spec.get("threads"):
+        torch.set_num_threads(int(spec["threads"]))
+    writer = RecordWriter(Path(spec["progress_dir"]) / f"rank{rank}.jsonl")
+    writer.write({"event": "session", "rank": rank, "session": session_info(spec["accelerator"])})
+    try:
+        for index, fit in enumerate(spec["fits"]):
+            run_fit(fit, spec, writer, index)
+    except torch.OutOfMemoryError:
+        writer.write({"event": "oom", "batch": None, "where": "setup"})
+        os._exit(EXIT_OOM)
+    except BaseException:
+        writer.write({"event": "error", "error": traceback.format_exc()[-3000:]})
+        os._exit(EXIT_ERROR)
+    writer.write({"event": "exit"})
+    sys.stdout.flush()
+    os._exit(0)

@@ -1,0 +1,186 @@
+"""The training workload of a row: a model shape, synthetic batches of realistic lengths, and the strategy.
+
+Batches are made on the device inside ``training_step`` (random token ids, lengths from
+:mod:`benchmarks.bench.lengths`), so a search can change the micro-batch from one step to the next and no
+data loader stands between the GPU and the measurement. The data loader only counts steps.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+from typing import Any
+
+import lightning as L
+import torch
+from torch.utils.data import DataLoader
+from transformers import AutoModelForCausalLM, AutoModelForSeq2SeqLM, AutoModelForSequenceClassification
+
+from benchmarks.bench.catalogue import Experiment, Lengths, StrategySpec
+from benchmarks.bench.lengths import LengthDistribution, load_distribution, padded
+from lightning_zero.models.loading import build_model
+
+GIB = 1024**3
+IGNORE_INDEX = -100
+AUTO_CLASSES: dict[str, Any] = {
+    "seq2seq": AutoModelForSeq2SeqLM,
+    "causal": AutoModelForCausalLM,
+    "classification": AutoModelForSequenceClassification,
+}
+_CONFIG_OVERRIDES: dict[str, dict[str, Any]] = {
+    "classification": {"num_labels": 2},
+    "seq2seq": {"decoder_start_token_id": 0, "pad_token_id": 0},
+    "causal": {},
+}
+
+
+class BatchMaker:
+    """Synthetic batches of one length setting: fixed at the maxima, or drawn from a stored distribution."""
+
+    def __init__(self, task: str, lengths: Lengths, vocab_size: int, seed: int) -> None:
+        self.task, self.lengths, self.vocab_size = task, lengths, vocab_size
+        self.rng = random.Random(seed)
+        self.distribution: LengthDistribution | None = load_distribution(lengths.name) if lengths.dynamic else None
+
+    def worst_lengths(self) -> tuple[int, int]:
+        """The padded lengths of the longest batch an epoch can hold (what a search must fit)."""
+        if self.distribution is None:
+            return self.lengths.source, self.lengths.target
+        return self.distribution.worst(self.lengths.source, self.lengths.target)
+
+    def example_lengths(self, batch: int, worst: bool) -> list[tuple[int, int]]:
+        if worst or self.distribution is None:
+            return [self.worst_lengths()] * batch
+        return self.distribution.draw(batch, self.rng, self.lengths.source, self.lengths.target)
+
+    def make(self, batch: int, device: torch.device, worst: bool = False) -> tuple[dict[str, torch.Tensor], dict]:
+        """A batch dict for the model and its shape facts (padded lengths, real tokens)."""
+        sizes = self.example_lengths(batch, worst)
+        source = padded(max(s for s, _ in sizes))
+        ids = torch.randint(3, self.vocab_size, (batch, source), device=device)
+        mask = (
+            torch.arange(source, device=device)[None, :] < torch.tensor([s for s, _ in sizes], device=device)[:, None]
+        ).long()
+        inputs: dict[str, torch.Tensor] = {"input_ids": ids.masked_fill(mask == 0, 0), "attention_mask": mask}
+        facts = {"source": source, "target": 0, "tokens": sum(s for s, _ in sizes)}
+        if self.task == "classification":
+            inputs["labels"] = torch.randint(0, 2, (batch,), device=device)
+        elif self.task == "causal":
+            inputs["labels"] = inputs["input_ids"].masked_fill(mask == 0, IGNORE_INDEX)
+        else:
+            target = padded(max(t for _, t in sizes))
+            labels = torch.randint(3, self.vocab_size, (batch, target), device=device)
+            lengths = torch.tensor([t for _, t in sizes], device=device)
+            inputs["labels"] = labels.masked_fill(
+                torch.arange(target, device=device)[None, :] >= lengths[:, None], IGNORE_INDEX
+            )
+            facts["target"] = target
+            facts["tokens"] += sum(t for _, t in sizes)
+        return inputs, facts
+
+
+class BenchModule(L.LightningModule):
+    """One shape, built in ``configure_model`` (ZeRO-3 builds it partitioned), trained on made-up batches.
+
+    Args:
+        experiment: The experiment (shape and task).
+        spec: The strategy, for the optimizer choice and Hugging Face checkpointing by hand.
+        next_batch: Called at every step: the micro-batch to run and whether to use the worst-case lengths.
+        memory_cap_gib: Per-process cap on GPU memory (``set_per_process_memory_fraction``); 0: none.
+        seed: Seed of the batch lengths.
+    """
+
+    def __init__(
+        self,
+        experiment: Experiment,
+        spec: StrategySpec,
+        lengths: Lengths,
+        next_batch: Callable[[], tuple[int, bool]],
+        memory_cap_gib: float,
+        seed: int = 0,
+    ) -> None:
+        super().__init__()
+        self.experiment, self.spec, self.lengths_spec = experiment, spec, lengths
+        self.next_batch, self.memory_cap_gib, self.seed = next_batch, memory_cap_gib, seed
+        self.model: Any = None
+        self.maker: BatchMaker | None = None
+        self.last_facts: dict[str, int] = {}
+        self.last_batch = 0
+
+    def setup(self, stage: str) -> None:
+        if self.memory_cap_gib and self.device.type == "cuda":  # Lightning sets the device before this hook
+            total = torch.cuda.get_device_properties(self.device).total_memory
+            torch.cuda.set_per_process_memory_fraction(min(1.0, self.memory_cap_gib * GIB / total), self.device)
+
+    def configure_model(self) -> None:
+        if self.model is not None:
+            return
+        task = self.experiment.task
+        self.model = build_model(
+            AUTO_CLASSES[task],
+            f"shape:{self.experiment.shape}",
+            vocab_size=self.experiment.vocab_size,
+            **_CONFIG_OVERRIDES[task],
+        )
+        if self.spec.hf_checkpointing:  # as a Lightning user would; non-reentrant, as lightning-zero's own
+            self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        if hasattr(self.model.config, "use_cache"):
+            self.model.config.use_cache = False
+        vocab = int(self.model.config.vocab_size)
+        self.maker = BatchMaker(task, self.lengths_spec, vocab, self.seed + self.global_rank)
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        assert self.model is not None and self.maker is not None
+        size, worst = self.next_batch()
+        inputs, self.last_facts = self.maker.make(size, self.device, worst)
+        self.last_batch = size
+        return self.model(**inputs).loss
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        if self.spec.kind == "lightning" and self.spec.offloads:
+            # Lightning's DeepSpeed offload refuses a torch optimizer; its docs tell users to use this one.
+            from deepspeed.ops.adam import DeepSpeedCPUAdam
+
+            return DeepSpeedCPUAdam(self.parameters(), lr=1e-5)
+        return torch.optim.AdamW(self.parameters(), lr=1e-5)
+
+
+def step_loader(steps: int) -> DataLoader:
+    """A loader of ``steps`` dummy items: the module makes the real batches."""
+    items: Any = range(steps)
+    return DataLoader(items, batch_size=1)
+
+
+def make_strategy(spec: StrategySpec, devices: int, deepspeed_config: dict[str, Any] | None = None) -> Any:
+    """The Trainer's ``strategy`` argument for ``spec`` (a name, or a built strategy when fields are overridden)."""
+    if deepspeed_config is not None:
+        if spec.kind == "lightning":
+            from lightning.pytorch.strategies import DeepSpeedStrategy
+
+            return DeepSpeedStrategy(config=deepspeed_config)
+        from lightning_zero.strategies import ZeroStrategy
+
+        return ZeroStrategy(deepspeed_config=deepspeed_config)
+    if spec.kind == "single":
+        return "ddp" if devices > 1 else "auto"
+    if spec.zero:
+        return _registered_variant(spec)
+    return spec.strategy
+
+
+def _registered_variant(spec: StrategySpec) -> str:
+    """Register ``spec`` (a preset with fields overridden) under a name of its own, and return the name.
+
+    By name, not as an instance: Lightning refuses ``16-mixed`` for a ``ModelParallelStrategy`` instance (our
+    FSDP2 presets) before the strategy is asked, but not for a registered name.
+    """
+    from functools import partial
+
+    from lightning.pytorch.strategies import StrategyRegistry
+
+    from lightning_zero.strategies.presets import build_preset
+
+    name = f"bench-{spec.label}"
+    factory = partial(build_preset, spec.strategy, **dict(spec.zero))
+    StrategyRegistry.register(name, factory, description=f"benchmark variant {spec.label}", override=True)
+    return name

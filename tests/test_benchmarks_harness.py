@@ -1,0 +1,92 @@
+"""The benchmark harness on CPU: batch search under an emulated memory cap, ranks agreeing, resume, the table.
+
+The worker processes are real (one per rank, gloo); only the GPU memory is emulated: each rank "needs"
+``base + per_sample * batch`` bytes and raises an out-of-memory error above the cap, like a GPU would.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+import pytest
+
+from benchmarks.bench.catalogue import EXPERIMENTS, plan_rows
+from benchmarks.bench.flops import StepFlops
+from benchmarks.bench.lengths import load_distribution
+from benchmarks.bench.main import main
+from benchmarks.bench.search import SearchPolicy, bracket, next_candidate
+
+GIB = 1024**3
+COMMON = [
+    "--accelerator", "cpu", "--precision", "32-true", "--cap-gib", "1", "--steps", "3", "--min-steps", "3",
+    "--warmup", "1", "--profile-steps", "1", "--threads", "1", "--measure-budget-s", "20",
+]  # fmt: skip
+
+
+def _results(out: Path) -> list[dict]:
+    return [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
+
+
+def test_search_doubles_then_jumps_to_the_prediction_and_probes_one_step_up() -> None:
+    policy = SearchPolicy(max_batch=512, tolerance=0.06)
+    cap = 24 * GIB
+    assert next_candidate([(1, 2 * GIB)], cap, policy) == 2
+    # 1 GiB per sample over 4 GiB: the cap allows 20; the jump lands at 97% of it, then probes 6% higher.
+    history = [(4, 8 * GIB), (8, 12 * GIB)]
+    assert next_candidate(history, cap, policy) == 16
+    history.append((16, 20 * GIB))
+    assert next_candidate(history, cap, policy) == 19
+    history.append((19, 23 * GIB))
+    assert next_candidate(history, cap, policy) == 21
+    assert next_candidate([(512, GIB)], cap, policy) is None
+    assert next_candidate([(200, int(23.8 * GIB)), (210, int(23.5 * GIB))], cap, policy) == 223, (
+        "no doubling at the cap"
+    )
+    assert bracket([1, 2, 19], [21, 40]).resolved(0.06, 512)
+    assert not bracket([1, 2, 16], [32]).resolved(0.06, 512)
+    assert bracket([], [1]).resolved(0.06, 512) and bracket([], [1]).fits == 0
+
+
+def test_plan_puts_each_experiments_headline_rows_first_and_flops_grow_with_length() -> None:
+    rows = plan_rows(list(EXPERIMENTS))
+    t5_3b = [row.strategy for row in rows if row.experiment == "t5-3b"][:3]
+    assert t5_3b == ["single", "lightning_ds2_offload+hf_gc", "zero2_offload+ac"]
+    assert rows[0].experiment == "t5-3b" and len({row.key for row in rows}) == len(rows)
+    flops = StepFlops(1000, 0, 2, 0, 64, 0)
+    assert flops.per_sample(128) > 2 * flops.per_sample(64)
+    pairs = load_distribution("review-pairs")
+    assert pairs.worst(128, 0)[0] <= 128 and pairs.summary()["source_mean"] < 64
+
+
+@pytest.mark.timeout(120)
+def test_two_ranks_agree_on_the_smaller_max_batch_and_a_rerun_resumes(tmp_path: Path) -> None:
+    out = tmp_path / "two"
+    # Rank 0 fits 5 (0.5 + 5 * 0.1 GiB), rank 1 only 4 (0.5 + 4 * 0.12): the row must say 4, first OOM at 5.
+    args = ["run", "--out", str(out), "--experiments", "tiny-gpt2", "--strategies", "single", "--devices", "2"]
+    main([*args, *COMMON, "--emulate-memory", "0.5:0.1,0.5:0.12"])
+    (row,) = _results(out)
+    assert (row["status"], row["max_batch"], row["oom_batch"]) == ("ok", 4, 5), row.get("error")
+    assert row["measure"]["world_size"] == 2 and len(row["measure"]["steps"]) >= 3
+    assert len(list((out / "trials").iterdir())) == 2, "one search process and one measurement expected"
+    table = (out / "table.md").read_text()
+    assert "| single | 4 (5 OOM) |" in table
+    with (out / "results.csv").open() as handle:
+        (line,) = list(csv.DictReader(handle))
+    assert float(line["samples_per_s"]) > 0 and float(line["mfu"]) > 0
+    main([*args, *COMMON, "--emulate-memory", "0.5:0.1,0.5:0.12"])
+    assert len(_results(out)) == 1, "a rerun of the same command must skip the finished row"
+
+
+@pytest.mark.timeout(90)
+def test_one_process_measures_dynamic_lengths_padded_per_batch(tmp_path: Path) -> None:
+    out = tmp_path / "one"
+    args = ["run", "--out", str(out), "--experiments", "tiny-t5", "--strategies", "single", *COMMON]
+    main([*args, "--emulate-memory", "0.5:0.1"])
+    (row,) = _results(out)
+    assert (row["max_batch"], row["oom_batch"]) == (5, 6)
+    steps = row["measure"]["steps"]
+    worst = load_distribution("reviews").worst(32, 32)
+    assert all(step["source"] <= worst[0] and step["target"] <= worst[1] for step in steps)
+    assert any(step["tokens"] < 5 * (step["source"] + step["target"]) for step in steps), "padding is counted apart"
