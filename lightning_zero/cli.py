@@ -6,6 +6,8 @@
     lightning-zero strategies
     lightning-zero build-ops
 
+``--verbose`` anywhere keeps the library warnings that are silenced by default (see :mod:`lightning_zero.quiet`).
+
 ``trainer.strategy`` takes a short name (``zero2``, ``zero3_offload``, ...) or ``class_path`` + ``init_args``.
 Bad configuration ends with one ``error:`` line that names the fix, not a traceback.
 """
@@ -25,7 +27,9 @@ from lightning.pytorch.cli import LightningCLI
 from lightning.pytorch.strategies import Strategy
 
 import lightning_zero  # noqa: F401  (registers the presets before the Trainer is built)
+from lightning_zero import preflight
 from lightning_zero.errors import ZeroConfigError
+from lightning_zero.quiet import quiet_libraries
 from lightning_zero.strategies.presets import PRESETS, check_strategy_name
 
 
@@ -33,7 +37,10 @@ class ZeroCLI(LightningCLI):
     """LightningCLI that checks short strategy names before anything is built."""
 
     def before_instantiate_classes(self) -> None:
-        strategy = self._active_config().get("trainer", {}).get("strategy")
+        trainer = self._active_config().get("trainer", {})
+        preflight.check_trainer_config(trainer)
+        preflight.default_cpu_precision(trainer)
+        strategy = trainer.get("strategy")
         if isinstance(strategy, str):
             if Path(strategy).is_file():
                 raise ZeroConfigError(f"Strategy config {strategy!r}: {_why_not_a_strategy(strategy)}")
@@ -174,11 +181,14 @@ def _subcommand(name: str) -> Any:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``lightning-zero`` and ``main.py``; returns the exit status."""
     argv = list(sys.argv[1:] if argv is None else argv)
+    verbose = "--verbose" in argv
+    argv = [arg for arg in argv if arg != "--verbose"]
     try:
-        if argv[:1] and argv[0] in SUBCOMMANDS:
-            status: int = _subcommand(argv[0])(argv[1:])
-            return status
-        run_cli(argv)
+        with quiet_libraries(verbose):
+            if argv[:1] and argv[0] in SUBCOMMANDS:
+                status: int = _subcommand(argv[0])(argv[1:])
+                return status
+            run_cli(argv)
     except ZeroConfigError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
