@@ -30,6 +30,7 @@ NOISY_WARNINGS: tuple[tuple[str, type[Warning]], ...] = (
 NOISY_LOG_RECORDS: dict[str, tuple[str, ...]] = {
     "DeepSpeed": ("we were unable to detect it",),
     "lightning.fabric.utilities.rank_zero": ("💡 Tip:",),
+    "lightning.pytorch.utilities.rank_zero": ("💡 Tip:",),
 }
 
 

@@ -91,7 +91,7 @@ def test_unknown_zero_key_is_named(tmp_path):
 
 def test_unknown_model_key_is_one_error_line():
     result = run_main("fit", "--config", TINY, "--model.init_args.bogus=1")
-    assert last_line(result) == "error: Option 'bogus' is not accepted"
+    assert last_line(result) == "error: bad value for `model`: Option 'bogus' is not accepted"
 
 
 def test_strategies_lists_every_preset(capsys):
