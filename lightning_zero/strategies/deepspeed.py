@@ -37,6 +37,12 @@ from lightning_zero.strategies.deepspeed_config import (
     to_deepspeed_config,
     zero_stage,
 )
+from lightning_zero.strategies.watchdog import (
+    RankWatchdog,
+    report_failed_peer,
+    start_rank_watchdog,
+    stop_rank_watchdog,
+)
 
 if TYPE_CHECKING:
     import deepspeed
@@ -101,6 +107,7 @@ class ZeroStrategy(DeepSpeedStrategy):
             min_loss_scale=int(self.zero.min_loss_scale),
         )
         self._transformers_zero3: Any = None
+        self._rank_watchdog: RankWatchdog | None = None
 
     @property
     def on_cpu(self) -> bool:
@@ -111,6 +118,7 @@ class ZeroStrategy(DeepSpeedStrategy):
         if self.on_cpu:
             _use_deepspeed_cpu_accelerator()
         DDPStrategy.setup_environment(self)
+        self._rank_watchdog = start_rank_watchdog()
 
     def setup_distributed(self) -> None:
         assert self.parallel_devices is not None
@@ -145,7 +153,12 @@ class ZeroStrategy(DeepSpeedStrategy):
 
             unset_hf_deepspeed_config()
             self._transformers_zero3 = None
+        stop_rank_watchdog(self._rank_watchdog)
         super().teardown()
+
+    def on_exception(self, exception: BaseException) -> None:
+        report_failed_peer(self._rank_watchdog)
+        super().on_exception(exception)
 
     @property
     def _device_rank(self) -> int:

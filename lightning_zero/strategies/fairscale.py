@@ -41,6 +41,12 @@ from lightning_zero.strategies.fairscale_config import (
     oss_options,
     sharded_ddp_options,
 )
+from lightning_zero.strategies.watchdog import (
+    RankWatchdog,
+    report_failed_peer,
+    start_rank_watchdog,
+    stop_rank_watchdog,
+)
 
 if TYPE_CHECKING:
     import lightning.pytorch as pl
@@ -93,6 +99,11 @@ class FairScaleStrategy(DDPStrategy):
             timeout=timeout,
             **(ddp_options(self.zero) if self.zero.stage == 1 else {}),
         )
+        self._rank_watchdog: RankWatchdog | None = None
+
+    def setup_environment(self) -> None:
+        super().setup_environment()
+        self._rank_watchdog = start_rank_watchdog()
 
     @property
     def sharded_ddp(self) -> Any:
@@ -190,7 +201,12 @@ class FairScaleStrategy(DDPStrategy):
     def teardown(self) -> None:
         if self.sharded_ddp is not None:
             self.model = self.lightning_module
+        stop_rank_watchdog(self._rank_watchdog)
         super().teardown()
+
+    def on_exception(self, exception: BaseException) -> None:
+        report_failed_peer(self._rank_watchdog)
+        super().on_exception(exception)
 
     @classmethod
     def register_strategies(cls, strategy_registry: Any) -> None:
