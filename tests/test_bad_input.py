@@ -6,16 +6,22 @@ starts); a few run as real processes to prove there is no traceback and no wait.
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import subprocess
 import sys
 import tempfile
 import time
+import warnings
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from pathlib import Path
 
 import pytest
 from lightning.pytorch.strategies.launchers.subprocess_script import _SubprocessScriptLauncher
 
 from lightning_zero.cli import main
+from lightning_zero.quiet import quiet_libraries
 from tests.helpers.launch import REPO
 
 TINY = ["fit", "--config", str(REPO / "tests" / "data" / "cli_tiny.yaml")]
@@ -241,3 +247,40 @@ def test_a_real_process_ends_at_once_without_a_traceback(args: list[str], fragme
     assert len(errors) == 1 and fragment in errors[0], result.stderr[-2000:]
     assert result.stderr.strip().splitlines()[-1] == errors[0]
     assert time.monotonic() - started < 60
+
+
+# --- quiet by default -----------------------------------------------------------------------------------------------
+
+NOISE = "`torch.distributed.all_gather_into_tensor` is deprecated. Please use `torch.distributed.all_gather_single`."
+
+
+def emit_noise(caplog: pytest.LogCaptureFixture, quiet: Callable[[], AbstractContextManager[None]]) -> list[str]:
+    """Inside ``quiet()``, emit a collective deprecation warning, a warning a user needs and DeepSpeed's accelerator
+    warning; return what got through (every warning is shown unless a filter drops it)."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with quiet(), caplog.at_level(logging.WARNING, logger="DeepSpeed"):
+            warnings.warn(NOISE, FutureWarning, stacklevel=1)
+            warnings.warn("a warning a user should see", UserWarning, stacklevel=1)
+            logging.getLogger("DeepSpeed").warning("Setting accelerator to CPU. ... we were unable to detect it.")
+    return [str(warning.message) for warning in caught] + [record.getMessage() for record in caplog.records]
+
+
+def test_library_noise_is_silenced(caplog: pytest.LogCaptureFixture) -> None:
+    assert emit_noise(caplog, quiet_libraries) == ["a warning a user should see"]
+
+
+def test_verbose_brings_the_noise_back(caplog: pytest.LogCaptureFixture) -> None:
+    seen = emit_noise(caplog, lambda: quiet_libraries(verbose=True))
+    assert NOISE in seen and any("unable to detect" in message for message in seen)
+
+
+def test_quiet_ends_with_the_run(caplog: pytest.LogCaptureFixture) -> None:
+    with quiet_libraries():
+        pass
+    assert NOISE in emit_noise(caplog, contextlib.nullcontext)
+
+
+def test_verbose_is_not_passed_on_to_lightning(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["strategies", "--verbose"]) == 0
+    assert "zero2" in capsys.readouterr().out
