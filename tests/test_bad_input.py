@@ -44,6 +44,8 @@ def no_launch(monkeypatch: pytest.MonkeyPatch) -> None:
         raise AssertionError("the ranks were launched before the bad input was caught")
 
     monkeypatch.setattr(_SubprocessScriptLauncher, "launch", launch)
+    monkeypatch.setenv("PL_GLOBAL_SEED", "0")  # restored (removed) after the test: `seed_everything` sets it
+    monkeypatch.delenv("PL_GLOBAL_SEED")
 
 
 def write(tmp_path: Path, name: str, text: str) -> str:

@@ -47,7 +47,7 @@ class RankWatchdog:
         peers: dict[int, int],
         poll_s: float = 0.5,
         grace_s: float = 2.0,
-        report_wait_s: float = 10.0,
+        report_wait_s: float = 5.0,
         stream: TextIO | None = None,
         exit: Callable[[int], object] = os._exit,
     ) -> None:

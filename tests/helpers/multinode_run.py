@@ -40,7 +40,8 @@ def train(strategy: str, nodes: int, devices: int) -> tuple[list[float], str]:
     )
     trainer.fit(module)
     assert trainer.world_size == nodes * devices and trainer.num_nodes == nodes
-    return module.losses, type(trainer.strategy.cluster_environment).__name__
+    environment = getattr(trainer.strategy, "cluster_environment", None)
+    return module.losses, type(environment).__name__
 
 
 def main() -> None:
