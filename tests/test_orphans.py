@@ -18,7 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from lightning_zero.strategies.watchdog import RankWatchdog, is_alive, local_peers
+from lightning_zero.errors import ZeroConfigError
+from lightning_zero.strategies.watchdog import RankWatchdog, is_alive, local_peers, report_failed_peer
 from tests.helpers.launch import REPO
 
 SCRIPT = REPO / "tests" / "helpers" / "orphan_run.py"
@@ -108,3 +109,14 @@ def test_zombies_count_as_ended() -> None:
 def test_only_ranks_on_this_machine_are_watched() -> None:
     everyone = [("a", 10), ("a", 11), ("b", 12), ("a", 13)]
     assert local_peers(1, everyone, "a") == {0: 10, 3: 13}
+
+
+def test_a_rank_failing_on_bad_input_names_no_peer() -> None:
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    stream = io.StringIO()
+    watchdog = RankWatchdog(0, {1: gone.pid}, poll_s=60, report_wait_s=5, stream=stream)
+    report_failed_peer(watchdog, ZeroConfigError("bad stage"))
+    assert stream.getvalue() == ""
+    report_failed_peer(watchdog, RuntimeError("Connection closed by peer"))
+    assert stream.getvalue().startswith(f"error: rank 1 (pid {gone.pid}) ended before the run finished")

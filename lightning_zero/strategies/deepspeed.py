@@ -157,7 +157,7 @@ class ZeroStrategy(DeepSpeedStrategy):
         super().teardown()
 
     def on_exception(self, exception: BaseException) -> None:
-        report_failed_peer(self._rank_watchdog)
+        report_failed_peer(self._rank_watchdog, exception)
         super().on_exception(exception)
 
     @property

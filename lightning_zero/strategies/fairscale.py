@@ -205,7 +205,7 @@ class FairScaleStrategy(DDPStrategy):
         super().teardown()
 
     def on_exception(self, exception: BaseException) -> None:
-        report_failed_peer(self._rank_watchdog)
+        report_failed_peer(self._rank_watchdog, exception)
         super().on_exception(exception)
 
     @classmethod

@@ -102,7 +102,7 @@ class FSDP2Strategy(ModelParallelStrategy):
         super().teardown()
 
     def on_exception(self, exception: BaseException) -> None:
-        report_failed_peer(self._rank_watchdog)
+        report_failed_peer(self._rank_watchdog, exception)
         super().on_exception(exception)
 
     def setup(self, trainer: pl.Trainer) -> None:

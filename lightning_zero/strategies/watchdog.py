@@ -22,6 +22,8 @@ from typing import TextIO
 
 import torch.distributed as dist
 
+from lightning_zero.errors import ZeroConfigError
+
 #: Exit status of a rank ended because another rank ended first.
 EXIT_STATUS = 1
 
@@ -140,7 +142,12 @@ def stop_rank_watchdog(watchdog: RankWatchdog | None) -> None:
         watchdog.stop()
 
 
-def report_failed_peer(watchdog: RankWatchdog | None) -> None:
-    """Name the rank that ended first, if any, when this rank fails (the strategy's ``on_exception``)."""
-    if watchdog is not None:
+def report_failed_peer(watchdog: RankWatchdog | None, exception: BaseException) -> None:
+    """Name the rank that ended first, if any, when this rank fails (the strategy's ``on_exception``); bad input
+    (a :class:`ZeroConfigError`, which every rank finds by itself) only stops the watchdog."""
+    if watchdog is None:
+        return
+    if isinstance(exception, ZeroConfigError):
+        watchdog.stop()
+    else:
         watchdog.report_failed_peer()
