@@ -95,14 +95,14 @@ def check_built_trainer(trainer: Any) -> None:
             "Lightning's own DeepSpeed strategies run only on CUDA GPUs: on CPU use a lightning-zero preset "
             "(`--trainer.strategy zero2`, `zero3`, `zero2_offload`, ...; `lightning-zero strategies` lists them)."
         )
-    check_strategy_precision(strategy, True, trainer.precision)
+    check_strategy_precision(strategy, trainer.precision)
 
 
-def check_strategy_precision(strategy: Any, on_cpu: bool, precision: Any) -> None:
-    """DeepSpeed refuses fp16 on CPU, but only from rank 0 after start-up: say so before launching."""
+def check_strategy_precision(strategy: Any, precision: Any) -> None:
+    """DeepSpeed refuses fp16 on CPU, but only from rank 0 after start-up: say so before launching (CPU runs)."""
     from lightning.pytorch.strategies import DeepSpeedStrategy
 
-    if on_cpu and isinstance(strategy, DeepSpeedStrategy) and str(precision) in _FP16:
+    if isinstance(strategy, DeepSpeedStrategy) and str(precision) in _FP16:
         raise ZeroConfigError(
             f"Precision {precision!r} is fp16, which DeepSpeed does not support on CPU: "
             "use `--trainer.precision bf16-mixed` or `32-true` there (fp16 is for GPUs)."
