@@ -6,6 +6,7 @@ INSTALLED := $(VENV)/.installed
 .PHONY: quickstart test lint
 
 $(INSTALLED): pyproject.toml constraints.txt scripts/install.sh
+	@echo "Installing lightning-zero and its dependencies into $(VENV) first (one time, about 5-15 minutes; it has not hung)..."
 	bash scripts/install.sh $(VENV)
 	touch $@
 

@@ -15,7 +15,7 @@ import sys
 import tempfile
 from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, NoReturn, TextIO
 
 import torch
 
@@ -25,9 +25,16 @@ from lightning_zero.errors import ZeroConfigError
 from lightning_zero.tasks.seq2seq import Seq2SeqTask
 
 
+class _ChatArgumentParser(argparse.ArgumentParser):
+    """Bad options end as one ``error:`` line through :class:`ZeroConfigError` (argparse would add its usage)."""
+
+    def error(self, message: str) -> NoReturn:
+        raise ZeroConfigError(f"chat: {message}: see `lightning-zero chat --help`.")
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The ``chat`` command's options."""
-    parser = argparse.ArgumentParser(prog="lightning-zero chat", description="Chat with a trained seq2seq chatbot.")
+    parser = _ChatArgumentParser(prog="lightning-zero chat", description="Chat with a trained seq2seq chatbot.")
     parser.add_argument("--checkpoint", required=True, help="a .ckpt file or a DeepSpeed checkpoint directory")
     parser.add_argument("--max-turns", type=int, default=None, help="stop after this many replies (default: at EOF)")
     parser.add_argument("--num-beams", type=int, default=None, help="beam width (default: the model's num_beams)")
@@ -129,10 +136,19 @@ def run_repl(session: ChatSession, lines: Iterable[str], out: TextIO, max_turns:
     return turns
 
 
+def _check_counts(args: argparse.Namespace) -> None:
+    for option in ("max_turns", "num_beams", "max_new_tokens", "history_window"):
+        value = getattr(args, option)
+        if value is not None and value < 1:
+            flag = "--" + option.replace("_", "-")
+            raise ZeroConfigError(f"chat: {flag} is {value}: give 1 or more, or leave it out for the default.")
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``lightning-zero chat``; returns the process exit status."""
-    args = build_parser().parse_args(argv)
     try:
+        args = build_parser().parse_args(argv)
+        _check_counts(args)
         with stdout_to_stderr():
             task, data_hparams = load_chatbot(
                 Path(args.checkpoint).expanduser(), args.tokenizer, args.tokenizer_cache_dir

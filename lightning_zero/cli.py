@@ -6,6 +6,8 @@
     lightning-zero strategies
     lightning-zero build-ops
 
+``--verbose`` anywhere keeps the library warnings that are silenced by default (see :mod:`lightning_zero.quiet`).
+
 ``trainer.strategy`` takes a short name (``zero2``, ``zero3_offload``, ...) or ``class_path`` + ``init_args``.
 Bad configuration ends with one ``error:`` line that names the fix, not a traceback.
 """
@@ -21,13 +23,17 @@ from typing import Any
 
 import yaml
 from jsonargparse import ArgumentParser
+from lightning.fabric.utilities.exceptions import MisconfigurationException
 from lightning.pytorch.cli import LightningCLI
 from lightning.pytorch.strategies import Strategy
 
 import lightning_zero  # noqa: F401  (registers the presets before the Trainer is built)
+from lightning_zero import preflight
 from lightning_zero.checkpoint.resume import ExactResume
 from lightning_zero.checkpoint.validate import check_checkpoint
 from lightning_zero.errors import LightningZeroError, ZeroConfigError
+from lightning_zero.parse_errors import as_config_error, explain, parse_error_line
+from lightning_zero.quiet import quiet_libraries
 from lightning_zero.strategies.presets import PRESETS, check_strategy_name
 
 #: Arguments the task and its data module must agree on: the data module's value is the task's.
@@ -43,7 +49,10 @@ class ZeroCLI(LightningCLI):
             parser.link_arguments(f"data.init_args.{name}", f"model.init_args.{name}")
 
     def before_instantiate_classes(self) -> None:
-        strategy = self._active_config().get("trainer", {}).get("strategy")
+        trainer = self._active_config().get("trainer", {})
+        preflight.check_trainer_config(trainer)
+        preflight.default_cpu_precision(trainer)
+        strategy = trainer.get("strategy")
         if isinstance(strategy, str):
             if Path(strategy).is_file():
                 raise ZeroConfigError(f"Strategy config {strategy!r}: {_why_not_a_strategy(strategy)}")
@@ -55,18 +64,19 @@ class ZeroCLI(LightningCLI):
     def instantiate_classes(self) -> None:
         try:
             super().instantiate_classes()
-        except ValueError as error:
-            cause = _config_error_in_chain(error)
+        except (ValueError, TypeError, ImportError, MisconfigurationException) as error:
+            cause = as_config_error(error)
             if cause is None:
                 raise
             raise cause from None
+        preflight.check_before_launch(self.trainer, self.model, self.datamodule)
 
     def parse_arguments(self, parser: Any, args: Any) -> None:
         _raise_instead_of_exit(parser)
         try:
             super().parse_arguments(parser, args)
         except ArgumentError as error:
-            raise ZeroConfigError(innermost_reason(str(error))) from None
+            raise ZeroConfigError(parse_error_line(str(error))) from None
         check_checkpoint(self._ckpt_path())
 
     def _ckpt_path(self) -> Any:
@@ -80,7 +90,7 @@ class ZeroCLI(LightningCLI):
         except ArgumentError as error:
             raise ZeroConfigError(
                 f"Checkpoint '{self._ckpt_path()}' was saved with hyper-parameters that this model config does not take"
-                f" ({innermost_reason(str(error))}): pass a checkpoint of this model."
+                f" ({parse_error_line(str(error))}): pass a checkpoint of this model."
             ) from None
 
     def _active_config(self) -> Any:
@@ -94,30 +104,6 @@ def _raise_instead_of_exit(parser: Any) -> None:
         _raise_instead_of_exit(subparser)
 
 
-_CONTEXT_LINES = (
-    "Given value",
-    "Expected a",
-    "Subtypes:",
-    "Errors:",
-    "Does not validate",
-    "Problem with given",
-    "Parser key",
-)
-
-
-def innermost_reason(message: str) -> str:
-    """The most specific line of a nested jsonargparse error (the others repeat the types it tried)."""
-    best, best_depth = message.strip().splitlines()[0] if message.strip() else message, -1
-    for line in message.splitlines():
-        text = line.strip().lstrip("- ").strip()
-        if not text or text.startswith(_CONTEXT_LINES):
-            continue
-        depth = len(line) - len(line.lstrip())
-        if depth > best_depth:
-            best, best_depth = text, depth
-    return best
-
-
 def _why_not_a_strategy(path: str) -> str:
     """Why jsonargparse could not read ``path`` as a strategy (it then falls back to taking it as a name)."""
     parser = ArgumentParser(exit_on_error=False)
@@ -125,24 +111,8 @@ def _why_not_a_strategy(path: str) -> str:
     try:
         parser.parse_object({"strategy": yaml.safe_load(Path(path).read_text())})
     except (ArgumentError, yaml.YAMLError) as error:
-        return innermost_reason(str(error))
+        return explain(str(error), drop_keys=("strategy",))
     return "not a strategy name, nor a class_path + init_args file."
-
-
-def _config_error_in_chain(error: BaseException) -> LightningZeroError | None:
-    seen: set[int] = set()
-    current: BaseException | None = error
-    while current is not None and id(current) not in seen:
-        if isinstance(current, LightningZeroError):
-            return current
-        seen.add(id(current))
-        current = current.__cause__ or current.__context__
-    match = next((line for line in str(error).splitlines() if _is_config_error_line(line)), None)
-    return ZeroConfigError(match.strip().lstrip("- ")) if match else None
-
-
-def _is_config_error_line(line: str) -> bool:
-    return line.strip().startswith("- ") and ": " in line and not line.strip().startswith("- Expected a")
 
 
 def run_cli(args: Sequence[str] | None = None) -> ZeroCLI:
@@ -205,11 +175,14 @@ def _subcommand(name: str) -> Any:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``lightning-zero`` and ``main.py``; returns the exit status."""
     argv = list(sys.argv[1:] if argv is None else argv)
+    verbose = "--verbose" in argv
+    argv = [arg for arg in argv if arg != "--verbose"]
     try:
-        if argv[:1] and argv[0] in SUBCOMMANDS:
-            status: int = _subcommand(argv[0])(argv[1:])
-            return status
-        run_cli(argv)
+        with quiet_libraries(verbose):
+            if argv[:1] and argv[0] in SUBCOMMANDS:
+                status: int = _subcommand(argv[0])(argv[1:])
+                return status
+            run_cli(argv)
     except LightningZeroError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2

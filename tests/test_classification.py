@@ -9,6 +9,7 @@ from torchmetrics import Metric
 
 from lightning_zero.data.movie_reviews import MovieReviewsDataModule
 from lightning_zero.errors import ZeroConfigError
+from lightning_zero.hardware import cpu_precision
 from lightning_zero.tasks import base
 from lightning_zero.tasks.classification import SequenceClassificationTask
 from lightning_zero.tasks.optimization import decay_parameter_names, parameter_groups
@@ -184,8 +185,9 @@ def test_minilm_learns_movie_review_sentiment_in_60_steps(tmp_path):
     )
     task = SequenceClassificationTask(model=MINILM, learning_rate=2e-4, warmup_ratio=0.1)
     trainer = L.Trainer(
-        accelerator="cpu", devices=1, max_steps=60, precision="bf16-mixed", logger=False, enable_checkpointing=False,
-        enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0, default_root_dir=tmp_path,
+        accelerator="cpu", devices=1, max_steps=60, precision=cpu_precision().precision, logger=False,
+        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
+        default_root_dir=tmp_path,
     )  # fmt: skip
     before = trainer.validate(task, data, verbose=False)[0]
     trainer.fit(task, data)

@@ -40,6 +40,12 @@ from lightning_zero.strategies.deepspeed_config import (
     to_deepspeed_config,
     zero_config_of,
 )
+from lightning_zero.strategies.watchdog import (
+    RankWatchdog,
+    report_failed_peer,
+    start_rank_watchdog,
+    stop_rank_watchdog,
+)
 
 if TYPE_CHECKING:
     import deepspeed
@@ -103,6 +109,7 @@ class DeepSpeedZeroStrategy(SafeCheckpoints, DeepSpeedStrategy):
             remote_device=remote_device,
         )
         self._transformers_zero3: Any = None
+        self._rank_watchdog: RankWatchdog | None = None
 
     @property
     def on_cpu(self) -> bool:
@@ -113,6 +120,7 @@ class DeepSpeedZeroStrategy(SafeCheckpoints, DeepSpeedStrategy):
         if self.on_cpu:
             _use_deepspeed_cpu_accelerator()
         DDPStrategy.setup_environment(self)
+        self._rank_watchdog = start_rank_watchdog()
 
     def setup_distributed(self) -> None:
         if not self.on_cpu:
@@ -148,7 +156,12 @@ class DeepSpeedZeroStrategy(SafeCheckpoints, DeepSpeedStrategy):
 
             unset_hf_deepspeed_config()
             self._transformers_zero3 = None
+        stop_rank_watchdog(self._rank_watchdog)
         super().teardown()
+
+    def on_exception(self, exception: BaseException) -> None:
+        report_failed_peer(self._rank_watchdog, exception)
+        super().on_exception(exception)
 
     @property
     def _device_rank(self) -> int:

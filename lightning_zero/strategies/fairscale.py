@@ -43,6 +43,12 @@ from lightning_zero.strategies.fairscale_config import (
     oss_options,
     sharded_ddp_options,
 )
+from lightning_zero.strategies.watchdog import (
+    RankWatchdog,
+    report_failed_peer,
+    start_rank_watchdog,
+    stop_rank_watchdog,
+)
 
 if TYPE_CHECKING:
     import lightning.pytorch as pl
@@ -96,6 +102,11 @@ class FairScaleStrategy(SafeCheckpoints, DDPStrategy):
             timeout=timeout,
             **(ddp_options(self.zero) if self.zero.stage == 1 else {}),
         )
+        self._rank_watchdog: RankWatchdog | None = None
+
+    def setup_environment(self) -> None:
+        super().setup_environment()
+        self._rank_watchdog = start_rank_watchdog()
 
     @property
     def sharded_ddp(self) -> Any:
@@ -194,10 +205,15 @@ class FairScaleStrategy(SafeCheckpoints, DDPStrategy):
     def teardown(self) -> None:
         if self.sharded_ddp is not None:
             self.model = self.lightning_module
+        stop_rank_watchdog(self._rank_watchdog)
         super().teardown()
 
     def checkpoint_identity(self) -> tuple[str, int]:
         return "fairscale", self.zero.stage
+
+    def on_exception(self, exception: BaseException) -> None:
+        report_failed_peer(self._rank_watchdog, exception)
+        super().on_exception(exception)
 
 
 def to_oss(optimizer: Optimizer, config: FairScaleZeroConfig) -> OSS:

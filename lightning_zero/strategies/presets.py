@@ -128,8 +128,8 @@ def _suggestion(name: str, names: list[str]) -> str:
 
 
 def check_strategy_name(name: str) -> None:
-    """Raise a one-line error with the closest name when ``name`` is not a registered strategy."""
-    if name in StrategyRegistry:
+    """Raise a one-line error with the closest name when ``name`` is neither a registered strategy nor ``"auto"``."""
+    if name == "auto" or name in StrategyRegistry:
         return
     raise ZeroConfigError(
         f"Unknown strategy {name!r}: {_suggestion(name, list(StrategyRegistry))}lightning-zero presets are"

@@ -1,0 +1,168 @@
+"""Checks and defaults applied to a parsed trainer config before anything is built or launched.
+
+Bad input found here is a :class:`~lightning_zero.errors.ZeroConfigError` in the launching process, before
+any rank starts, instead of a traceback from inside Lightning, DeepSpeed or a rank.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import torch
+from lightning.pytorch.utilities import rank_zero_info
+
+from lightning_zero.errors import ZeroConfigError
+from lightning_zero.hardware import cpu_precision
+
+_FP16 = {"16", "16-mixed", "16-true", "fp16"}
+_DEVICES_TEXT = re.compile(r"auto|-1|\d+|\d+(\s*,\s*\d+)*,?")
+
+
+def default_cpu_precision(trainer: Any) -> None:
+    """Fill ``trainer.precision`` for a CPU run that leaves it unset, and say which precision and why, once."""
+    if trainer.get("precision") is not None or not runs_on_cpu(trainer.get("accelerator")):
+        return
+    choice = cpu_precision()
+    trainer["precision"] = choice.precision
+    rank_zero_info(f"Precision {choice.precision}: {choice.reason}. Set `trainer.precision` to choose another.")
+
+
+def runs_on_cpu(accelerator: Any) -> bool:
+    """Whether a trainer ``accelerator`` value (a name, ``None``, or a ``class_path`` namespace) means the CPU."""
+    if accelerator is None or accelerator == "auto":
+        return not (torch.cuda.is_available() or torch.backends.mps.is_available())
+    if isinstance(accelerator, str):
+        return accelerator == "cpu"
+    class_path = getattr(accelerator, "class_path", "")
+    return isinstance(class_path, str) and class_path.endswith("CPUAccelerator")
+
+
+def check_trainer_config(trainer: Any) -> None:
+    """Raise on trainer values Lightning would reject with a traceback, or only after the ranks started."""
+    _check_devices(trainer.get("devices"))
+    _check_accelerator_available(trainer.get("accelerator"))
+    _check_at_least("num_nodes", trainer.get("num_nodes"), 1, "the number of machines")
+    _check_at_least("accumulate_grad_batches", trainer.get("accumulate_grad_batches"), 1, "batches per optimizer step")
+    _check_at_least("max_steps", trainer.get("max_steps"), -1, "-1 for no limit")
+    _check_positive_interval(trainer.get("val_check_interval"))
+    clip = trainer.get("gradient_clip_val")
+    if isinstance(clip, (int, float)) and clip < 0:
+        raise ZeroConfigError(f"`trainer.gradient_clip_val` is {clip}: give 0 or more (null or 0: no clipping).")
+    _check_cpu_strategy(trainer.get("strategy"), trainer.get("accelerator"))
+
+
+def check_before_launch(trainer: Any, model: Any, datamodule: Any) -> None:
+    """Checks that need the built objects, made in the launching process before any rank starts."""
+    check_built_trainer(trainer)
+    check_model_sources(model, datamodule)
+    check_data_files(datamodule)
+
+
+def check_data_files(datamodule: Any) -> None:
+    """Every ``*_file`` hyper-parameter of the data module names an existing file."""
+    hparams = getattr(datamodule, "hparams", None) or {}
+    for key, value in hparams.items():
+        if key.endswith("_file") and isinstance(value, str) and not Path(value).expanduser().is_file():
+            raise ZeroConfigError(f"`data.{key}` {value!r} does not exist: check the path.")
+
+
+def check_model_sources(*modules: Any) -> None:
+    """The ``model`` and ``tokenizer`` names in the modules' hyper-parameters must be loadable."""
+    from lightning_zero.models.availability import check_loadable
+
+    for module in modules:
+        hparams = getattr(module, "hparams", None) or {}
+        for key in ("model", "tokenizer"):
+            name = hparams.get(key)
+            if isinstance(name, str):
+                check_loadable(name, what=key)
+
+
+def check_built_trainer(trainer: Any) -> None:
+    """Checks that need the built Trainer."""
+    from lightning.pytorch.accelerators import CPUAccelerator
+    from lightning.pytorch.strategies import DeepSpeedStrategy
+
+    from lightning_zero.strategies.deepspeed import ZeroStrategy
+
+    if trainer is None or not isinstance(trainer.accelerator, CPUAccelerator):
+        return
+    strategy = trainer.strategy
+    if isinstance(strategy, DeepSpeedStrategy) and not isinstance(strategy, ZeroStrategy):
+        raise ZeroConfigError(
+            "Lightning's own DeepSpeed strategies run only on CUDA GPUs: on CPU use a lightning-zero preset "
+            "(`--trainer.strategy zero2`, `zero3`, `zero2_offload`, ...; `lightning-zero strategies` lists them)."
+        )
+    check_strategy_precision(strategy, trainer.precision)
+
+
+def check_strategy_precision(strategy: Any, precision: Any) -> None:
+    """DeepSpeed refuses fp16 on CPU, but only from rank 0 after start-up: say so before launching (CPU runs)."""
+    from lightning.pytorch.strategies import DeepSpeedStrategy
+
+    if isinstance(strategy, DeepSpeedStrategy) and str(precision) in _FP16:
+        raise ZeroConfigError(
+            f"Precision {precision!r} is fp16, which DeepSpeed does not support on CPU: "
+            "use `--trainer.precision bf16-mixed` or `32-true` there (fp16 is for GPUs)."
+        )
+
+
+def _check_devices(devices: Any) -> None:
+    if isinstance(devices, int) and not isinstance(devices, bool) and devices < 1 and devices != -1:
+        raise ZeroConfigError(
+            f"`trainer.devices` is {devices}: give a number of devices of at least 1, a list of device indices, "
+            "-1 for all, or 'auto'."
+        )
+    if (isinstance(devices, str) and not _DEVICES_TEXT.fullmatch(devices.strip())) or devices in ("0", ""):
+        raise ZeroConfigError(
+            f"`trainer.devices` is {devices!r}: give a number of devices of at least 1, a list of device indices, "
+            "-1 for all, or 'auto'."
+        )
+    if isinstance(devices, (list, tuple)) and not devices:
+        raise ZeroConfigError("`trainer.devices` is an empty list: list at least one device index, or give a count.")
+
+
+def _check_accelerator_available(accelerator: Any) -> None:
+    from lightning.pytorch.accelerators import AcceleratorRegistry
+
+    names = sorted({*AcceleratorRegistry.available_accelerators(), "auto", "gpu"})
+    if isinstance(accelerator, str) and accelerator not in names:
+        raise ZeroConfigError(f"Unknown `trainer.accelerator` {accelerator!r}: use one of {', '.join(names)}.")
+    if accelerator == "tpu" and not AcceleratorRegistry["tpu"]["accelerator"].is_available():
+        raise ZeroConfigError("`trainer.accelerator` is 'tpu' but this machine has no TPU: use 'cpu' or 'auto'.")
+    if accelerator in ("gpu", "cuda") and not torch.cuda.is_available():
+        raise ZeroConfigError(
+            f"`trainer.accelerator` is {accelerator!r} but this machine has no CUDA GPU that torch can use: "
+            "use `--trainer.accelerator cpu` (or 'auto'), or install a CUDA build of torch on a GPU machine."
+        )
+    if accelerator == "mps" and not torch.backends.mps.is_available():
+        raise ZeroConfigError(
+            "`trainer.accelerator` is 'mps' but this machine has no Apple GPU: use `--trainer.accelerator cpu`."
+        )
+
+
+def _check_at_least(name: str, value: Any, least: int, meaning: str) -> None:
+    if isinstance(value, int) and not isinstance(value, bool) and value < least:
+        raise ZeroConfigError(f"`trainer.{name}` is {value}: give {least} or more ({meaning}).")
+
+
+def _check_positive_interval(interval: Any) -> None:
+    if isinstance(interval, (int, float)) and not isinstance(interval, bool) and interval <= 0:
+        raise ZeroConfigError(
+            f"`trainer.val_check_interval` is {interval}: give a number of batches (1 or more) or a fraction of "
+            "an epoch in (0, 1]."
+        )
+
+
+#: Lightning's strategy names that refuse a CPU, and the lightning-zero preset that does the same there.
+_GPU_ONLY_STRATEGIES = {"fsdp": "zero3_fsdp", "fsdp_cpu_offload": "zero3_offload_fsdp"}
+
+
+def _check_cpu_strategy(strategy: Any, accelerator: Any) -> None:
+    if isinstance(strategy, str) and strategy in _GPU_ONLY_STRATEGIES and runs_on_cpu(accelerator):
+        raise ZeroConfigError(
+            f"Lightning's strategy {strategy!r} runs only on CUDA GPUs: on CPU use "
+            f"`--trainer.strategy {_GPU_ONLY_STRATEGIES[strategy]}` (PyTorch FSDP2), or a GPU machine."
+        )

@@ -1,0 +1,153 @@
+"""No orphaned ranks: when a rank of a run ends early, the other ranks on its machine end too, within seconds.
+
+A rank that fails (an exception, the OOM killer, ``kill -9``) leaves the others blocked in their next collective,
+for the collective timeout (30 minutes by default) or for ever in DeepSpeed's shared-memory collectives; when the
+failed rank is Lightning's launching process (rank 0), nothing else reaps them. Each rank runs a
+:class:`RankWatchdog` thread from the strategy's ``setup_environment`` to its ``teardown``: it watches the
+process ids of the other ranks on the same machine and, when one has gone while the run is still on, prints one
+``error:`` line naming that rank and ends this process with exit status 1. Ranks on other machines are left to
+the backend's own connection errors and timeouts.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import TextIO
+
+import torch.distributed as dist
+
+from lightning_zero.errors import ZeroConfigError
+
+#: Exit status of a rank ended because another rank ended first.
+EXIT_STATUS = 1
+
+
+class RankWatchdog:
+    """Ends this process when one of ``peers`` (rank -> process id) has ended, unless stopped first.
+
+    Args:
+        rank: This process's global rank, for the message.
+        peers: The other ranks on this machine and their process ids.
+        poll_s: How often to look.
+        grace_s: How long a rank may still take to reach ``teardown`` after a peer ended: a peer that finished
+            the run's last collective may exit a moment before this rank stops its watchdog.
+        report_wait_s: How long a failed rank waits for the rank that ended first (whose process may take
+            seconds to exit after closing its connections) to name it.
+        stream: Where the one-line message goes.
+        exit: Ends the process (``os._exit``: the main thread may be blocked in a collective for ever).
+    """
+
+    def __init__(
+        self,
+        rank: int,
+        peers: dict[int, int],
+        poll_s: float = 0.5,
+        grace_s: float = 2.0,
+        report_wait_s: float = 5.0,
+        stream: TextIO | None = None,
+        exit: Callable[[int], object] = os._exit,
+    ) -> None:
+        self.rank = rank
+        self.peers = dict(peers)
+        self.poll_s = poll_s
+        self.grace_s = grace_s
+        self.report_wait_s = report_wait_s
+        self.stream = stream
+        self.exit = exit
+        self._stopped = threading.Event()
+        self._thread = threading.Thread(target=self._watch, name="lightning-zero-rank-watchdog", daemon=True)
+
+    def start(self) -> RankWatchdog:
+        """Start watching in a daemon thread; returns ``self``."""
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        """The run is over on this rank (finished or failed by itself): stop watching."""
+        self._stopped.set()
+
+    def report_failed_peer(self) -> None:
+        """This rank failed (the strategy's ``on_exception``): if another rank ended first, which is what a failed
+        collective says, name it; waits up to ``report_wait_s`` for that rank's process to go."""
+        self.stop()
+        deadline = time.monotonic() + self.report_wait_s
+        while (ended := self._ended_peer()) is None and time.monotonic() < deadline:
+            time.sleep(self.poll_s / 5)
+        if ended is not None:
+            self._say_ended(*ended)
+
+    def _watch(self) -> None:
+        while not self._stopped.wait(self.poll_s):
+            ended = self._ended_peer()
+            if ended is not None and not self._stopped.wait(self.grace_s):
+                self._say_ended(*ended)
+                self.exit(EXIT_STATUS)
+                return
+
+    def _ended_peer(self) -> tuple[int, int] | None:
+        return next(((rank, pid) for rank, pid in sorted(self.peers.items()) if not is_alive(pid)), None)
+
+    def _say_ended(self, rank: int, pid: int) -> None:
+        print(
+            f"error: rank {rank} (pid {pid}) ended before the run finished: ending rank {self.rank} too "
+            f"(rank {rank}'s own output above says why).",
+            file=self.stream or sys.__stderr__ or sys.stderr,
+            flush=True,
+        )
+
+
+def is_alive(pid: int) -> bool:
+    """Whether process ``pid`` runs (a zombie, ended but not yet reaped by its parent, does not)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return True  # no /proc (macOS): the signal check above is all there is
+    return state not in ("Z", "X")
+
+
+def local_peers(rank: int, hosts_and_pids: list[tuple[str, int]], host: str) -> dict[int, int]:
+    """The other ranks on ``host`` and their process ids, from every rank's ``(host, pid)``."""
+    return {other: pid for other, (where, pid) in enumerate(hosts_and_pids) if where == host and other != rank}
+
+
+def start_rank_watchdog() -> RankWatchdog | None:
+    """Exchange process ids with the other ranks (one collective) and start watching those on this machine.
+
+    Call on every rank once the default process group exists; ``None`` for a single process.
+    """
+    if not dist.is_available() or not dist.is_initialized() or dist.get_world_size() < 2:
+        return None
+    host = socket.gethostname()
+    hosts_and_pids: list[tuple[str, int]] = [("", 0)] * dist.get_world_size()
+    dist.all_gather_object(hosts_and_pids, (host, os.getpid()))
+    rank = dist.get_rank()
+    return RankWatchdog(rank, local_peers(rank, hosts_and_pids, host)).start()
+
+
+def stop_rank_watchdog(watchdog: RankWatchdog | None) -> None:
+    """Stop ``watchdog`` if there is one (the strategy's ``teardown``)."""
+    if watchdog is not None:
+        watchdog.stop()
+
+
+def report_failed_peer(watchdog: RankWatchdog | None, exception: BaseException) -> None:
+    """Name the rank that ended first, if any, when this rank fails (the strategy's ``on_exception``); bad input
+    (a :class:`ZeroConfigError`, which every rank finds by itself) only stops the watchdog."""
+    if watchdog is None:
+        return
+    if isinstance(exception, ZeroConfigError):
+        watchdog.stop()
+    else:
+        watchdog.report_failed_peer()

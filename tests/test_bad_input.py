@@ -1,0 +1,288 @@
+"""Bad input: the CLI ends with exit 2 and one `error:` line that names what is wrong and what to do.
+
+Most cases run in-process through `main` (a launch would fail the test: they are caught before any rank
+starts); a few run as real processes to prove there is no traceback and no wait.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import subprocess
+import sys
+import tempfile
+import time
+import warnings
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from pathlib import Path
+
+import pytest
+from lightning.pytorch.strategies.launchers.subprocess_script import _SubprocessScriptLauncher
+
+from lightning_zero.cli import main
+from lightning_zero.quiet import quiet_libraries
+from tests.helpers.launch import REPO
+
+TINY = ["fit", "--config", str(REPO / "tests" / "data" / "cli_tiny.yaml")]
+QUICKSTART = ["fit", "--config", str(REPO / "configs" / "quickstart.yaml")]
+FILES_DATA = [
+    "--model.init_args.model=shape:tiny-deberta-v2",
+    "--model.init_args.tokenizer=sentence-transformers/all-MiniLM-L6-v2",
+    "--data=lightning_zero.data.text_files.TextClassificationFilesDataModule",
+    "--data.init_args.tokenizer=sentence-transformers/all-MiniLM-L6-v2",
+]
+#: Errors found in the data module's `setup`: one process, no launch, so the test can see them.
+IN_PROCESS = ["--trainer.devices=1", "--trainer.strategy=auto", "--trainer.logger=false", "--trainer.callbacks=null"]
+
+
+@pytest.fixture(autouse=True)
+def no_launch(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Bad input must be caught before any rank starts: launching fails the test."""
+
+    def launch(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the ranks were launched before the bad input was caught")
+
+    monkeypatch.setattr(_SubprocessScriptLauncher, "launch", launch)
+    monkeypatch.setenv("PL_GLOBAL_SEED", "0")  # restored (removed) after the test: `seed_everything` sets it
+    monkeypatch.delenv("PL_GLOBAL_SEED")
+
+
+def write(tmp_path: Path, name: str, text: str) -> str:
+    path = tmp_path / name
+    path.write_text(text)
+    return str(path)
+
+
+def strategy_file(tmp_path: Path, name: str, init_args: str) -> str:
+    return write(tmp_path, name, f"class_path: lightning_zero.ZeroStrategy\ninit_args:\n{init_args}")
+
+
+def error_line(capsys: pytest.CaptureFixture[str], argv: list[str]) -> str:
+    """Run the CLI in-process; return its one `error:` line after checking the exit status and the rest."""
+    started = time.monotonic()
+    status = main(argv)
+    elapsed = time.monotonic() - started
+    err = capsys.readouterr().err
+    errors = [line for line in err.splitlines() if line.startswith("error:")]
+    assert status == 2, err[-2000:]
+    assert len(errors) == 1, err[-2000:]
+    assert "Traceback" not in err
+    assert elapsed < 30, f"took {elapsed:.0f}s"
+    return errors[0]
+
+
+# (id, argv builder, fragments the error line must hold: what is wrong, what to do)
+def cases(tmp_path: Path) -> dict[str, tuple[list[str], tuple[str, ...]]]:
+    ds = strategy_file
+    both = "  zero: {stage: 2}\n  deepspeed_config: {train_micro_batch_size_per_gpu: 1}\n"
+    bad_json = write(tmp_path, "bad.json", '{"train_micro_batch_size_per_gpu": \n')
+    rows = write(tmp_path, "rows.json", '"just a string"')
+    labels = write(tmp_path, "labels.csv", "text,label\nfine,1\n")
+    return {
+        "devices-0": ([*TINY, "--trainer.devices", "0"], ("`trainer.devices` is '0'", "at least 1")),
+        "devices-negative": ([*TINY, "--trainer.devices", "-3"], ("`trainer.devices` is '-3'", "-1 for all")),
+        "devices-word": ([*TINY, "--trainer.devices", "abc"], ("'abc'", "'auto'")),
+        "devices-empty-list": ([*TINY, "--trainer.devices", "[]"], ("empty list", "at least one device")),
+        "accelerator-gpu-without-gpu": ([*TINY, "--trainer.accelerator", "gpu"], ("no CUDA GPU", "accelerator cpu")),
+        "accelerator-cuda-without-gpu": ([*TINY, "--trainer.accelerator", "cuda"], ("no CUDA GPU", "accelerator cpu")),
+        "accelerator-tpu-without-tpu": ([*TINY, "--trainer.accelerator", "tpu"], ("no TPU", "'cpu'")),
+        "accelerator-unknown": ([*TINY, "--trainer.accelerator", "quantum"], ("'quantum'", "use one of", "cpu")),
+        "fp16-deepspeed-cpu": ([*TINY, "--trainer.precision", "16-mixed"], ("fp16", "DeepSpeed", "bf16-mixed")),
+        "fp16-true-offload-cpu": (
+            [*TINY, "--trainer.strategy", "zero3_offload", "--trainer.precision", "16-true"],
+            ("fp16", "32-true"),
+        ),
+        "precision-unknown": ([*TINY, "--trainer.precision", "17"], ("`trainer.precision`", "17", "'bf16-mixed'")),
+        "strategy-file-wrong-type": (
+            [*TINY, "--trainer.strategy", ds(tmp_path, "strategy1.yaml", "  zero: {stage: three}\n")],
+            (".yaml'", "`zero.stage`", "expected int, got three"),
+        ),
+        "strategy-file-wrong-value": (
+            [*TINY, "--trainer.strategy", ds(tmp_path, "strategy2.yaml", "  zero: {offload_optimizer: disk}\n")],
+            (".yaml'", "`zero.offload_optimizer`", "got disk", "'cpu'"),
+        ),
+        "strategy-file-zero-and-deepspeed-config": (
+            [*TINY, "--trainer.strategy", ds(tmp_path, "strategy3.yaml", both)],
+            ("either `zero` or `deepspeed_config`", "not both"),
+        ),
+        "strategy-file-unknown-key": (
+            [*TINY, "--trainer.strategy", ds(tmp_path, "strategy4.yaml", "  bogus: 1\n")],
+            (".yaml'", "'bogus' is not accepted"),
+        ),
+        "strategy-file-unknown-class": (
+            [*TINY, "--trainer.strategy", write(tmp_path, "noclass.yaml", "class_path: no.such.Strategy\n")],
+            ("No module named 'no'", "class_path"),
+        ),
+        "strategy-file-bad-yaml": (
+            [*TINY, "--trainer.strategy", write(tmp_path, "strategy-yaml.yaml", "class_path: [unclosed\n")],
+            ("not valid YAML", "line 1", "fix the syntax"),
+        ),
+        "deepspeed-config-missing": (
+            [
+                *TINY,
+                "--trainer.strategy",
+                ds(tmp_path, "strategy5.yaml", f"  deepspeed_config: {tmp_path / 'missing.json'}\n"),
+            ],
+            ("missing.json' does not exist", "existing JSON"),
+        ),
+        "deepspeed-config-bad-json": (
+            [*TINY, "--trainer.strategy", ds(tmp_path, "strategy6.yaml", f"  deepspeed_config: {bad_json}\n")],
+            ("not valid JSON", "fix the file"),
+        ),
+        "strategy-name-typo": ([*TINY, "--trainer.strategy", "zreo2"], ("'zreo2'", "did you mean 'zero2'")),
+        "lightning-deepspeed-on-cpu": (
+            [*TINY, "--trainer.strategy", "deepspeed_stage_2"],
+            ("only on CUDA GPUs", "--trainer.strategy zero2"),
+        ),
+        "lightning-fsdp-on-cpu": ([*TINY, "--trainer.strategy", "fsdp"], ("only on CUDA GPUs", "zero3_fsdp")),
+        "config-missing": (["fit", "--config", str(tmp_path / "nope.yaml")], ("does not exist", "check the path")),
+        "config-bad-yaml": (
+            ["fit", "--config", write(tmp_path, "config-yaml.yaml", "trainer: [unclosed\n")],
+            ("config file", "not valid YAML", "fix the syntax"),
+        ),
+        "config-unknown-section": (
+            [*TINY, "--config", write(tmp_path, "config-section.yaml", "trainr: {max_steps: 1}\n")],
+            ("'trainr.max_steps'", "--help"),
+        ),
+        "max-steps-word": ([*TINY, "--trainer.max_steps", "abc"], ("`trainer.max_steps`", "expected int, got abc")),
+        "max-steps-negative": ([*TINY, "--trainer.max_steps", "-5"], ("`trainer.max_steps` is -5", "-1 for no limit")),
+        "trainer-unknown-key": ([*TINY, "--trainer.bogus", "1"], ("--trainer.bogus", "check the spelling")),
+        "model-unknown-key": ([*TINY, "--model.init_args.bogus=1"], ("'bogus' is not accepted",)),
+        "model-unknown-class": ([*TINY, "--model.class_path", "no.such.Module"], ("`model`", "check the class_path")),
+        "num-nodes-0": ([*TINY, "--trainer.num_nodes", "0"], ("`trainer.num_nodes` is 0", "1 or more")),
+        "seed-word": ([*TINY, "--seed_everything", "abc"], ("`seed_everything`", "bool or int")),
+        "accumulate-0": ([*TINY, "--trainer.accumulate_grad_batches", "0"], ("accumulate_grad_batches", "1 or more")),
+        "limit-batches-negative": ([*TINY, "--trainer.limit_train_batches", "-1"], ("limit_train_batches", "fix")),
+        "max-epochs-negative": ([*TINY, "--trainer.max_epochs", "-5"], ("max_epochs", "-1", "fix")),
+        "val-check-interval-0": ([*TINY, "--trainer.val_check_interval", "0"], ("val_check_interval", "(0, 1]")),
+        "clip-negative": ([*TINY, "--trainer.gradient_clip_val", "-1"], ("gradient_clip_val", "0 or more")),
+        "clip-algorithm": ([*TINY, "--trainer.gradient_clip_algorithm", "foo"], ("foo", "'norm'")),
+        "callback-unknown-class": ([*TINY, "--trainer.callbacks", "no.such.Callback"], ("`trainer.callbacks`",)),
+        "subcommand-typo": (["fitt"], ("'fitt'", "choose from 'fit'")),
+        "no-arguments": ([], ("subcommand", "fit")),
+        "model-name-unknown": (
+            [*QUICKSTART, "--model.init_args.model", "no-such-org/no-such-model"],
+            ("'no-such-org/no-such-model'", "check the name"),
+        ),
+        "model-shape-unknown": (
+            [*QUICKSTART, "--model.init_args.model=shape:nope", "--model.init_args.tokenizer=all-MiniLM-L6-v2"],
+            ("'nope'", "choose one of"),
+        ),
+        "model-folder-missing": (
+            [*QUICKSTART, "--model.init_args.model", str(tmp_path / "no" / "model")],
+            ("does not exist", "saved model folder"),
+        ),
+        "tokenizer-name-unknown": (
+            [*QUICKSTART, "--data.init_args.tokenizer", "no-such-org/no-such-tokenizer"],
+            ("Tokenizer 'no-such-org/no-such-tokenizer'", "check the name"),
+        ),
+        "data-batch-size-0": ([*QUICKSTART, "--data.init_args.batch_size", "0"], ("batch_size (0)", ">= 1")),
+        "data-val-fraction": (
+            QUICKSTART + IN_PROCESS + ["--data.init_args.val_fraction=1.5"],
+            ("val_fraction", "e.g. 0.1"),
+        ),
+        "data-limit-negative": (QUICKSTART + IN_PROCESS + ["--data.init_args.limit_train=-3"], ("-3", "null for all")),
+        "data-file-missing": (
+            QUICKSTART + FILES_DATA + [f"--data.init_args.train_file={tmp_path / 'train.csv'}"],
+            ("`data.train_file`", "train.csv' does not exist", "check the path"),
+        ),
+        "data-validation-file-missing": (
+            QUICKSTART
+            + FILES_DATA
+            + [f"--data.init_args.train_file={labels}", "--data.init_args.validation_file=v.csv"],
+            ("`data.validation_file` 'v.csv' does not exist",),
+        ),
+        "data-file-not-rows": (
+            QUICKSTART + FILES_DATA + [f"--data.init_args.train_file={rows}", *IN_PROCESS],
+            ("not a list of objects", "reshape the JSON"),
+        ),
+        "data-file-no-such-column": (
+            QUICKSTART
+            + FILES_DATA
+            + [f"--data.init_args.train_file={labels}", "--data.init_args.text_column=body", *IN_PROCESS],
+            ("no column 'body'", "choose one of"),
+        ),
+        "chat-no-checkpoint": (["chat"], ("--checkpoint", "lightning-zero chat --help")),
+        "chat-checkpoint-missing": (["chat", "--checkpoint", str(tmp_path / "x.ckpt")], ("does not exist", ".ckpt")),
+        "chat-beams-word": (["chat", "--checkpoint", "x", "--num-beams", "x"], ("--num-beams", "invalid int")),
+        "chat-beams-0": (["chat", "--checkpoint", "x", "--num-beams", "0"], ("--num-beams is 0", "1 or more")),
+        "chat-max-turns-negative": (["chat", "--checkpoint", "x", "--max-turns", "-1"], ("--max-turns is -1",)),
+        "chat-unknown-option": (["chat", "--checkpoint", "x", "--bogus"], ("--bogus", "--help")),
+    }
+
+
+with tempfile.TemporaryDirectory() as scratch:
+    CASE_IDS = list(cases(Path(scratch)))
+
+
+@pytest.mark.parametrize("case", CASE_IDS)
+def test_bad_input_is_one_error_line(case: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    argv, fragments = cases(tmp_path)[case]
+    line = error_line(capsys, argv)
+    for fragment in fragments:
+        assert fragment in line, line
+
+
+def test_there_are_at_least_40_cases() -> None:
+    assert len(CASE_IDS) >= 40
+
+
+@pytest.mark.parametrize(
+    ("args", "fragment"),
+    [(["--trainer.precision", "16-mixed"], "DeepSpeed does not support on CPU")],
+    ids=["fp16-deepspeed-cpu"],
+)
+def test_a_real_process_ends_at_once_without_a_traceback(args: list[str], fragment: str) -> None:
+    started = time.monotonic()
+    result = subprocess.run(
+        [sys.executable, str(REPO / "main.py"), *TINY, *args],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert "Traceback" not in result.stderr and "Warning" not in result.stderr, result.stderr[-2000:]
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and fragment in errors[0], result.stderr[-2000:]
+    assert result.stderr.strip().splitlines()[-1] == errors[0]
+    assert time.monotonic() - started < 60
+
+
+# --- quiet by default -----------------------------------------------------------------------------------------------
+
+NOISE = "`torch.distributed.all_gather_into_tensor` is deprecated. Please use `torch.distributed.all_gather_single`."
+
+
+def emit_noise(caplog: pytest.LogCaptureFixture, quiet: Callable[[], AbstractContextManager[None]]) -> list[str]:
+    """Inside ``quiet()``, emit a collective deprecation warning, a warning a user needs and DeepSpeed's accelerator
+    warning; return what got through (every warning is shown unless a filter drops it)."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with quiet(), caplog.at_level(logging.WARNING, logger="DeepSpeed"):
+            warnings.warn(NOISE, FutureWarning, stacklevel=1)
+            warnings.warn("a warning a user should see", UserWarning, stacklevel=1)
+            logging.getLogger("DeepSpeed").warning("Setting accelerator to CPU. ... we were unable to detect it.")
+    return [str(warning.message) for warning in caught] + [record.getMessage() for record in caplog.records]
+
+
+def test_library_noise_is_silenced(caplog: pytest.LogCaptureFixture) -> None:
+    assert emit_noise(caplog, quiet_libraries) == ["a warning a user should see"]
+
+
+def test_verbose_brings_the_noise_back(caplog: pytest.LogCaptureFixture) -> None:
+    seen = emit_noise(caplog, lambda: quiet_libraries(verbose=True))
+    assert NOISE in seen and any("unable to detect" in message for message in seen)
+
+
+def test_quiet_ends_with_the_run(caplog: pytest.LogCaptureFixture) -> None:
+    with quiet_libraries():
+        pass
+    assert NOISE in emit_noise(caplog, contextlib.nullcontext)
+
+
+def test_verbose_is_not_passed_on_to_lightning(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["strategies", "--verbose"]) == 0
+    assert "zero2" in capsys.readouterr().out
