@@ -6,8 +6,8 @@
   universal format (``deepspeed.checkpoint.ds_to_universal``, written next to it as ``X.universal``) and loaded
   with ``load_universal``; optimizer state included.
 * Anything else -- DeepSpeed stage 3 on either side with any change (DeepSpeed 0.19's stage-3 universal loader
-  does not read what its converter writes for stage 2), or another backend -- is refused with one line that says
-  how to carry the weights over (``lightning-zero consolidate``).
+  does not read what its converter writes for stage 2), or another backend -- resumes from the consolidated
+  weights and the loop position with a fresh optimizer, and warns once (``weights_only``).
 """
 
 from __future__ import annotations
@@ -17,27 +17,30 @@ from pathlib import Path
 
 from lightning_zero.checkpoint.atomic import fsync_tree, partial_path, publish, remove_path
 from lightning_zero.checkpoint.manifest import Manifest
-from lightning_zero.errors import ZeroConfigError
 
 NATIVE = "native"
 UNIVERSAL = "universal"
+WEIGHTS_ONLY = "weights-only"
 UNIVERSAL_SUFFIX = ".universal"
 
 
-def resume_route(path: Path, manifest: Manifest | None, backend: str, stage: int, world_size: int) -> str:
-    """:data:`NATIVE` or :data:`UNIVERSAL` for resuming ``manifest``'s checkpoint in this run, else a one-line error."""
+def resume_route(manifest: Manifest | None, backend: str, stage: int, world_size: int) -> str:
+    """:data:`NATIVE`, :data:`UNIVERSAL` or :data:`WEIGHTS_ONLY` for resuming ``manifest``'s checkpoint here."""
     if manifest is None or (manifest.backend, manifest.stage, manifest.world_size) == (backend, stage, world_size):
         return NATIVE
     if manifest.backend == backend and backend != "deepspeed":
         return NATIVE  # FSDP2 re-shards through DCP; FairScale and DDP files hold the whole state
     if manifest.backend == backend and max(manifest.stage, stage) <= 2:
         return UNIVERSAL
-    raise ZeroConfigError(
-        f"Checkpoint '{path}' was written by {manifest.backend} ZeRO-{manifest.stage} on {manifest.world_size}"
-        f" processes; this run is {backend} ZeRO-{stage} on {world_size}, and that pair cannot carry the optimizer"
-        f" state: start from its weights instead (`lightning-zero consolidate {path} weights.pt`, load them into"
-        " the model before `fit`, and leave out `ckpt_path`)."
-    )
+    return WEIGHTS_ONLY
+
+
+def why_not_carried(manifest: Manifest | None, backend: str) -> str:
+    """Why the optimizer state of a :data:`WEIGHTS_ONLY` resume is not carried."""
+    if manifest is None or manifest.backend != backend:
+        written = "a checkpoint of unknown origin" if manifest is None else manifest.backend
+        return f"{written} and {backend} keep optimizer state in layouts that no maintained converter maps"
+    return "DeepSpeed 0.19's ZeRO-3 universal-checkpoint loader cannot read what its converter writes"
 
 
 def universal_checkpoint(path: Path) -> Path:

@@ -14,6 +14,9 @@ Lightning restores the model, optimizers, LR schedulers and loop counters, but o
 :class:`ExactResume` fixes the three. Add it next to your ``ModelCheckpoint`` (the ``lightning-zero`` CLI adds
 it for you). Skipped batches are read from the loader again, from the RNG state of the epoch's start (so the
 sampler order and DataLoader worker seeds are those of the interrupted epoch), but not trained on.
+
+Under a plain Lightning strategy (``ddp``...) it also lets the run resume from a lightning-zero checkpoint directory
+(DeepSpeed, FSDP2 sharded), weights-only (see :mod:`lightning_zero.checkpoint.weights_only`).
 """
 
 from __future__ import annotations
@@ -28,6 +31,9 @@ import numpy as np
 import torch
 from lightning.fabric.utilities.data import _set_sampler_epoch
 from lightning.pytorch.callbacks import Callback
+
+from lightning_zero.checkpoint.strategy import SafeCheckpoints
+from lightning_zero.checkpoint.weights_only import ShardedCheckpointFallback
 
 _KEY = "lightning_zero_rng"
 
@@ -116,6 +122,10 @@ class ExactResume(Callback):
     def __init__(self) -> None:
         self._epoch_start: dict[str, Any] | None = None
         self._loaded: dict[str, Any] | None = None
+
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        if not isinstance(trainer.strategy, SafeCheckpoints):  # the lightning-zero strategies resume any checkpoint
+            trainer.strategy.checkpoint_io = ShardedCheckpointFallback(trainer.strategy.checkpoint_io)
 
     def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._epoch_start = rng_state()
