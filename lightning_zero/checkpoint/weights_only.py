@@ -66,7 +66,8 @@ def load_into_fsdp2(module: nn.Module, state: dict[str, torch.Tensor]) -> None:
     """Write the full ``state`` into an FSDP2 module's sharded parameters (each rank keeps its own shard)."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 
-    set_model_state_dict(module, state, options=StateDictOptions(full_state_dict=True))
+    full: dict[str, Any] = dict(state)
+    set_model_state_dict(module, full, options=StateDictOptions(full_state_dict=True))
 
 
 class ShardedCheckpointFallback(CheckpointIO):
