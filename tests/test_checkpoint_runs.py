@@ -283,9 +283,9 @@ def test_the_cross_resume_check_fails_when_optimizer_state_is_dropped(crossed: P
 
 # Weights-only: the first resumed step runs the saved weights on the same samples, so its loss equals the
 # uninterrupted run's within float32 re-ordering (measured 9.5e-7; a resume that kept its own initial weights is off
-# by 9.1e-2). Later steps use a fresh AdamW (its first update is lr * sign(grad)): measured 1.5e-2 to 1.3e-1 off a
-# loss of ~4.4 (3%), allowed 6%.
-WEIGHTS_ONLY_TOLERANCE = {"first_loss": 1e-5, "later_losses": 0.06}
+# by 9.1e-2). Later steps use a fresh AdamW (its first update is about lr * sign(grad)) at the scheduled learning
+# rate: measured 8.7e-3 to 1.0e-1 off a loss of ~4.4 (2.3%), allowed 5%.
+WEIGHTS_ONLY_TOLERANCE = {"first_loss": 1e-5, "later_losses": 0.05}
 
 
 @pytest.mark.parametrize("pair", WEIGHTS_ONLY_CROSS)
@@ -296,6 +296,7 @@ def test_a_pair_without_an_optimizer_route_resumes_the_saved_weights_and_positio
     saved = 2 * EVERY
     expected = reference["losses"][saved:]
     assert result["global_step"] == STEPS and len(result["losses"]) == STEPS - saved
+    assert result["lr"] == pytest.approx(reference["lr"], rel=1e-9)  # the schedule went on where it was
     assert abs(result["losses"][0] - expected[0]) <= WEIGHTS_ONLY_TOLERANCE["first_loss"]
     torch.testing.assert_close(
         torch.tensor(result["losses"][1:]),

@@ -22,11 +22,31 @@ from lightning_zero.checkpoint.manifest import Manifest, read_manifest
 from lightning_zero.checkpoint.reshard import why_not_carried
 from lightning_zero.checkpoint.validate import DCP_METADATA, DEEPSPEED_TAG_FILE
 
+#: Marks a checkpoint dict made by :func:`weights_only_checkpoint` (for ``ExactResume`` to set the learning rates).
+WEIGHTS_ONLY_KEY = "lightning_zero_weights_only"
+
 
 def weights_only_checkpoint(path: Path) -> dict[str, Any]:
     """``path`` as a Lightning checkpoint dict with the full fp32 weights and no optimizer state."""
     state, rest = read_full_state(path, torch.float32)
-    return {**rest, "state_dict": state, "optimizer_states": []}
+    return {**rest, "state_dict": state, "optimizer_states": [], WEIGHTS_ONLY_KEY: True}
+
+
+def scheduled_learning_rates(checkpoint: dict[str, Any]) -> list[list[float]] | None:
+    """Each LR scheduler's last learning rates in a weights-only checkpoint dict, ``None`` in any other.
+
+    A fresh optimizer starts at its initial learning rates, and restoring a scheduler's state does not set them
+    (its next step scales the optimizer's current ones): they are set from these."""
+    if not checkpoint.get(WEIGHTS_ONLY_KEY):
+        return None
+    return [list(state.get("_last_lr", [])) for state in checkpoint.get("lr_schedulers", [])]
+
+
+def set_learning_rates(schedulers: list[Any], learning_rates: list[list[float]]) -> None:
+    """Set each scheduler's optimizer's param-group learning rates to ``learning_rates``."""
+    for scheduler, rates in zip(schedulers, learning_rates, strict=False):
+        for group, rate in zip(scheduler.optimizer.param_groups, rates, strict=False):
+            group["lr"] = rate
 
 
 def warn_optimizer_not_carried(path: Path, manifest: Manifest | None, here: str, why: str) -> None:
@@ -34,7 +54,8 @@ def warn_optimizer_not_carried(path: Path, manifest: Manifest | None, here: str,
     written = "unknown" if manifest is None else describe(manifest.backend, manifest.stage, manifest.world_size)
     rank_zero_warn(
         f"Resuming '{path}' (written by {written}) under {here} without its optimizer state: {why}. Carried: the"
-        " weights, global step, epoch, data position, RNG states and LR schedulers; the optimizer starts from"
+        " weights, global step, epoch, data position, RNG states and LR schedulers (with ExactResume, which also"
+        " sets the scheduled learning rates); the optimizer starts from"
         " empty state (Adam moments and step counts), so the first steps differ from the run that wrote it."
     )
 

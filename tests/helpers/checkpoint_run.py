@@ -111,6 +111,10 @@ def summary(trainer: L.Trainer, module: DropoutLM) -> dict[str, Any]:
     }
 
 
+def last_lr(trainer: L.Trainer) -> float:
+    return float(trainer.optimizers[0].param_groups[0]["lr"])
+
+
 def resume(spec: str, args: argparse.Namespace) -> dict[str, Any] | None:
     directory = args.out / f"ckpt-{spec}"
     trainer, module = fit(spec, args.devices, args.steps, checkpointing(directory, args.every))
@@ -156,7 +160,7 @@ def plain(spec: str, args: argparse.Namespace) -> dict[str, Any] | None:
     module = ShortEpochLM()
     trainer = make_trainer(spec, args.devices, args.steps, checkpointing(args.out / f"ckpt-plain-{spec}", args.every))
     trainer.fit(module)
-    result = {"state_dict": full_state(trainer, module), "losses": module.losses}
+    result = {"state_dict": full_state(trainer, module), "losses": module.losses, "lr": last_lr(trainer)}
     return result if trainer.is_global_zero else None
 
 
@@ -174,7 +178,12 @@ def cross(pair: str, args: argparse.Namespace, forget: bool = False) -> dict[str
     callbacks = [ExactResume(), *([_ForgetOptimizerState()] if forget else [])]
     trainer = make_trainer(target, 1, args.steps, callbacks)
     trainer.fit(module, ckpt_path=str(path))
-    return {"state_dict": full_state(trainer, module), "losses": module.losses, "global_step": trainer.global_step}
+    return {
+        "state_dict": full_state(trainer, module),
+        "losses": module.losses,
+        "global_step": trainer.global_step,
+        "lr": last_lr(trainer),
+    }
 
 
 def cross_fresh_optimizer(pair: str, args: argparse.Namespace) -> dict[str, Any] | None:
