@@ -130,8 +130,10 @@ class ExactResume(Callback):
         self._learning_rates: list[list[float]] | None = None
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
-        if not isinstance(trainer.strategy, SafeCheckpoints):  # the lightning-zero strategies resume any checkpoint
-            trainer.strategy.checkpoint_io = ShardedCheckpointFallback(trainer.strategy.checkpoint_io)
+        strategy, io = trainer.strategy, trainer.strategy.checkpoint_io
+        # The lightning-zero strategies resume any checkpoint themselves.
+        if not isinstance(strategy, SafeCheckpoints) and not isinstance(io, ShardedCheckpointFallback):
+            strategy.checkpoint_io = ShardedCheckpointFallback(io)
 
     def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._epoch_start = rng_state()
