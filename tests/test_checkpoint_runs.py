@@ -33,11 +33,10 @@ from safetensors.torch import load_file
 from lightning_zero.checkpoint.atomic import PARTIAL_SUFFIX
 from lightning_zero.checkpoint.consolidate import consolidate
 from lightning_zero.checkpoint.manifest import Manifest, ModelSignature, read_manifest
-from lightning_zero.checkpoint.reshard import NATIVE, UNIVERSAL, resume_route
+from lightning_zero.checkpoint.reshard import NATIVE, UNIVERSAL, WEIGHTS_ONLY, resume_route
 from lightning_zero.checkpoint.resume import ExactResume, fix_epoch_end_loop_state
 from lightning_zero.checkpoint.validate import check_checkpoint
 from lightning_zero.cli import main
-from lightning_zero.errors import ZeroConfigError
 from tests.helpers.backend_runs import ShortEpochLM
 from tests.helpers.checkpoint_run import DropoutLM
 from tests.helpers.launch import REPO, run_script
@@ -57,8 +56,10 @@ STRATEGIES = [
     "zero3_offload_fsdp",
 ]
 STEPS, EVERY = 14, 5
-CROSS = ["zero2>zero2", "zero3_fsdp>zero2_fsdp"]
-CROSS_SOURCES = sorted({pair.split(">")[0] for pair in CROSS})
+CROSS = ["zero2>zero2", "zero3_fsdp>zero2_fsdp", "zero2>zero3"]
+#: Pairs with no route that carries the optimizer state: they resume weights-only, with one warning.
+WEIGHTS_ONLY_CROSS = ["zero3_offload>ddp", "zero3_fsdp>zero2", "zero3_fsdp>zero3", "zero2>zero2_fsdp"]
+CROSS_SOURCES = sorted({pair.split(">")[0] for pair in CROSS + WEIGHTS_ONLY_CROSS})
 
 
 @pytest.fixture(scope="module")
@@ -249,8 +250,10 @@ def test_save_top_k_prunes_sharded_directories(resumed: Path) -> None:
 
 @pytest.fixture(scope="module")
 def crossed(resumed: Path) -> Path:
-    runs = [*(f"cross:{pair}" for pair in CROSS), f"cross-fresh-optimizer:{CROSS[1]}"]
-    run_script(RUNNER, str(resumed), "--devices", "1", "--steps", str(STEPS), "--every", str(EVERY), "--runs", *runs)
+    runs = [*(f"cross:{pair}" for pair in CROSS + WEIGHTS_ONLY_CROSS), f"cross-fresh-optimizer:{CROSS[1]}"]
+    arguments = ["--devices", "1", "--steps", str(STEPS), "--every", str(EVERY), "--runs", *runs]
+    output = run_script(RUNNER, str(resumed), *arguments)
+    (resumed / "crossed.log").write_text(output)
     return resumed
 
 
@@ -261,7 +264,7 @@ def cross_result(directory: Path, kind: str, pair: str) -> tuple[dict[str, Any],
 
 
 # Two processes x 4 samples become one x 8: the same samples, summed in another order (measured: weights 7.4e-5,
-# losses 9.5e-7 for both pairs). An optimizer that restarts from zero moments moves weights by ~4e-2.
+# losses 9.5e-7 for all three pairs). An optimizer that restarts from zero moments moves weights by ~4e-2.
 CROSS_TOLERANCE = {"loss": 1e-5, "weight": 1e-3}
 
 
@@ -273,9 +276,50 @@ def test_resume_at_another_world_size_and_stage_carries_the_optimizer_state(cros
     assert max_difference(result["state_dict"], reference["state_dict"]) <= CROSS_TOLERANCE["weight"]
 
 
+def test_pairs_that_carry_the_optimizer_state_do_not_warn(crossed: Path) -> None:
+    assert (crossed / "crossed.log").read_text().count("without its optimizer state") == len(WEIGHTS_ONLY_CROSS)
+    assert not [line for pair in CROSS for line in weights_only_warnings(crossed, pair)]
+
+
 def test_the_cross_resume_check_fails_when_optimizer_state_is_dropped(crossed: Path) -> None:
     result, reference = cross_result(crossed, "cross-fresh-optimizer", CROSS[1])
     assert max_difference(result["state_dict"], reference["state_dict"]) > 10 * CROSS_TOLERANCE["weight"]
+
+
+# Weights-only: the first resumed step runs the saved weights on the same samples, so its loss equals the
+# uninterrupted run's within float32 re-ordering (measured 9.5e-7; a resume that kept its own initial weights is off
+# by 9.1e-2). Later steps use a fresh AdamW (its first update is about lr * sign(grad)) at the scheduled learning
+# rate: measured 8.7e-3 to 1.0e-1 off a loss of ~4.4 (2.3%), allowed 5%.
+WEIGHTS_ONLY_TOLERANCE = {"first_loss": 1e-5, "later_losses": 0.05}
+
+
+@pytest.mark.parametrize("pair", WEIGHTS_ONLY_CROSS)
+def test_a_pair_without_an_optimizer_route_resumes_the_saved_weights_and_position_with_one_warning(
+    crossed: Path, pair: str
+) -> None:
+    result, reference = cross_result(crossed, "cross", pair)
+    saved = 2 * EVERY
+    expected = reference["losses"][saved:]
+    assert result["global_step"] == STEPS and len(result["losses"]) == STEPS - saved
+    assert result["lr"] == pytest.approx(reference["lr"], rel=1e-9)  # the schedule went on where it was
+    assert abs(result["losses"][0] - expected[0]) <= WEIGHTS_ONLY_TOLERANCE["first_loss"]
+    torch.testing.assert_close(
+        torch.tensor(result["losses"][1:]),
+        torch.tensor(expected[1:]),
+        rtol=WEIGHTS_ONLY_TOLERANCE["later_losses"],
+        atol=0,
+    )
+    assert len(weights_only_warnings(crossed, pair)) == 1
+
+
+def weights_only_warnings(crossed: Path, pair: str) -> list[str]:
+    """The lines of the cross launch's output that warn about ``pair``'s resume without its optimizer state."""
+    source, target = pair.split(">")
+    path = crossed / f"ckpt-plain-{source}" / f"epoch=1-step={2 * EVERY}.ckpt"
+    names = {"ddp": "ddp", "zero2": "deepspeed ZeRO-2", "zero3": "deepspeed ZeRO-3", "zero2_fsdp": "fsdp2 ZeRO-2"}
+    here = f"under {names[target]} on 1 process"
+    lines = (crossed / "crossed.log").read_text().splitlines()
+    return [line for line in lines if "without its optimizer" in line and f"'{path}'" in line and here in line]
 
 
 def manifest_of(backend: str, stage: int, world_size: int) -> Manifest:
@@ -290,14 +334,11 @@ def manifest_of(backend: str, stage: int, world_size: int) -> Manifest:
         (("deepspeed", 1, 2), ("deepspeed", 2, 1), UNIVERSAL),
         (("fsdp2", 3, 2), ("fsdp2", 2, 1), NATIVE),
         (("fairscale", 2, 2), ("fairscale", 1, 1), NATIVE),
-        (("deepspeed", 2, 2), ("deepspeed", 3, 1), None),
-        (("deepspeed", 3, 2), ("deepspeed", 3, 1), None),
-        (("fsdp2", 3, 2), ("deepspeed", 2, 1), None),
+        (("deepspeed", 2, 2), ("deepspeed", 3, 1), UNIVERSAL),
+        (("deepspeed", 3, 2), ("deepspeed", 3, 1), WEIGHTS_ONLY),
+        (("fsdp2", 3, 2), ("deepspeed", 2, 1), WEIGHTS_ONLY),
+        (("deepspeed", 3, 2), ("fsdp2", 3, 2), WEIGHTS_ONLY),
     ],
 )
-def test_resume_route(written: tuple[str, int, int], now: tuple[str, int, int], route: str | None) -> None:
-    if route is None:
-        with pytest.raises(ZeroConfigError, match="cannot carry the optimizer state: start from its weights"):
-            resume_route(Path("x.ckpt"), manifest_of(*written), *now)
-    else:
-        assert resume_route(Path("x.ckpt"), manifest_of(*written), *now) == route
+def test_resume_route(written: tuple[str, int, int], now: tuple[str, int, int], route: str) -> None:
+    assert resume_route(manifest_of(*written), *now) == route

@@ -32,6 +32,8 @@ from lightning_zero.errors import ZeroConfigError
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 SUFFIXES = (".safetensors", ".pt")
 _LIGHTNING_META = "meta.pt"  # the rest of a Lightning FSDP2 sharded checkpoint, next to the DCP files
+#: What DeepSpeed itself stores in ``*model_states.pt`` next to Lightning's entries: weights and optimizer state.
+_DEEPSPEED_OWN_STATE = ("module", "optimizer", "lr_scheduler")
 
 
 def consolidate(
@@ -58,7 +60,9 @@ def consolidate(
 
 
 def read_full_state(path: Path, dtype: torch.dtype) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
-    """``(state dict, the checkpoint's other top-level entries that are cheap to read)`` of any checkpoint kind."""
+    """``(state dict, the checkpoint's other top-level entries)`` of any checkpoint kind: Lightning's loop state,
+    callbacks, LR schedulers, hyper-parameters... (the optimizer state only in a single file; nothing is read into
+    memory that is not needed: files are memory-mapped)."""
     if path.is_dir() and (path / DEEPSPEED_TAG_FILE).is_file():
         return _deepspeed_state(path, dtype), _deepspeed_extras(path)
     if path.is_dir() and (path / DCP_METADATA).is_file():
@@ -85,7 +89,7 @@ def _deepspeed_extras(path: Path) -> dict[str, Any]:
     files = sorted((path / tag).glob("*model_states.pt"))
     # DeepSpeed's own format pickles Python objects (its config, enums): it cannot be read with weights_only.
     content = torch.load(files[0], map_location="cpu", weights_only=False, mmap=True)
-    return {key: content[key] for key in (HF_KEY,) if key in content}
+    return {key: value for key, value in content.items() if key not in _DEEPSPEED_OWN_STATE}
 
 
 def _dcp_state(path: Path, dtype: torch.dtype) -> dict[str, torch.Tensor]:
@@ -106,8 +110,8 @@ def _dcp_state(path: Path, dtype: torch.dtype) -> dict[str, torch.Tensor]:
 
 def _dcp_extras(path: Path) -> dict[str, Any]:
     meta = path / _LIGHTNING_META
-    content = torch.load(meta, map_location="cpu", weights_only=True) if meta.is_file() else {}
-    return {key: content[key] for key in (HF_KEY,) if key in content}
+    content: dict[str, Any] = torch.load(meta, map_location="cpu", weights_only=True) if meta.is_file() else {}
+    return content
 
 
 def write_state(state: dict[str, torch.Tensor], out: Path) -> None:

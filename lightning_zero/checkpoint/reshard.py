@@ -2,42 +2,48 @@
 
 * FSDP2 -> FSDP2 (any world size, stage 2 <-> 3, offload or not): ``torch.distributed.checkpoint`` re-shards
   model and optimizer state by itself.
-* DeepSpeed stage 1/2 -> stage 1/2 at another world size: the checkpoint is converted once into DeepSpeed's
-  universal format (``deepspeed.checkpoint.ds_to_universal``, written next to it as ``X.universal``) and loaded
-  with ``load_universal``; optimizer state included.
-* Anything else -- DeepSpeed stage 3 on either side with any change (DeepSpeed 0.19's stage-3 universal loader
-  does not read what its converter writes for stage 2), or another backend -- is refused with one line that says
-  how to carry the weights over (``lightning-zero consolidate``).
+* DeepSpeed stage 1/2 -> stage 1/2/3 at another world size or stage: the checkpoint is converted once into
+  DeepSpeed's universal format (``deepspeed.checkpoint.ds_to_universal``, written next to it as ``X.universal``)
+  and loaded with ``load_universal``; optimizer state included. For a stage-3 reader, two things DeepSpeed 0.19's
+  converter does not write for a stage-1/2 source are added: the model states under ZeRO-3's file name, and the
+  optimizer's step and hyper-parameters under ``optimizer_state_dict``.
+* Anything else -- a DeepSpeed stage-3 source with any change (its universal conversion is not tried here), or
+  another backend -- resumes from the consolidated weights and the loop position with a fresh optimizer, and
+  warns once (``weights_only``).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 from pathlib import Path
 
 from lightning_zero.checkpoint.atomic import fsync_tree, partial_path, publish, remove_path
 from lightning_zero.checkpoint.manifest import Manifest
-from lightning_zero.errors import ZeroConfigError
 
 NATIVE = "native"
 UNIVERSAL = "universal"
+WEIGHTS_ONLY = "weights-only"
 UNIVERSAL_SUFFIX = ".universal"
 
 
-def resume_route(path: Path, manifest: Manifest | None, backend: str, stage: int, world_size: int) -> str:
-    """:data:`NATIVE` or :data:`UNIVERSAL` for resuming ``manifest``'s checkpoint in this run, else a one-line error."""
+def resume_route(manifest: Manifest | None, backend: str, stage: int, world_size: int) -> str:
+    """:data:`NATIVE`, :data:`UNIVERSAL` or :data:`WEIGHTS_ONLY` for resuming ``manifest``'s checkpoint here."""
     if manifest is None or (manifest.backend, manifest.stage, manifest.world_size) == (backend, stage, world_size):
         return NATIVE
     if manifest.backend == backend and backend != "deepspeed":
         return NATIVE  # FSDP2 re-shards through DCP; FairScale and DDP files hold the whole state
-    if manifest.backend == backend and max(manifest.stage, stage) <= 2:
+    if manifest.backend == backend and manifest.stage <= 2:
         return UNIVERSAL
-    raise ZeroConfigError(
-        f"Checkpoint '{path}' was written by {manifest.backend} ZeRO-{manifest.stage} on {manifest.world_size}"
-        f" processes; this run is {backend} ZeRO-{stage} on {world_size}, and that pair cannot carry the optimizer"
-        f" state: start from its weights instead (`lightning-zero consolidate {path} weights.pt`, load them into"
-        " the model before `fit`, and leave out `ckpt_path`)."
-    )
+    return WEIGHTS_ONLY
+
+
+def why_not_carried(manifest: Manifest | None, backend: str) -> str:
+    """Why the optimizer state of a :data:`WEIGHTS_ONLY` resume is not carried."""
+    if manifest is None or manifest.backend != backend:
+        written = "a checkpoint of unknown origin" if manifest is None else manifest.backend
+        return f"{written} and {backend} keep optimizer state in layouts that no maintained converter maps"
+    return "a DeepSpeed ZeRO-3 checkpoint resumes at another stage or world size through no route here yet"
 
 
 def universal_checkpoint(path: Path) -> Path:
@@ -61,8 +67,28 @@ def universal_checkpoint(path: Path) -> Path:
         inject_missing_state=True,
     )
     ds_to_universal.main(options)
+    _add_stage3_reader_files(partial / tag)
     for name in ("latest", "latest_universal"):
         (partial / name).write_text(tag)
     fsync_tree(partial)
     publish(partial, target)
     return target
+
+
+def _add_stage3_reader_files(tag_folder: Path) -> None:
+    """What DeepSpeed's ZeRO-3 universal loader reads and its converter does not write for a ZeRO-1/2 source: the
+    model states under ZeRO-3's file name, and the optimizer's step and hyper-parameters under
+    ``optimizer_state_dict`` (the per-parameter weights and moments are there already)."""
+    import torch
+
+    for model_states in list(tag_folder.glob("mp_rank_*_model_states.pt")):
+        os.link(model_states, tag_folder / f"zero_pp_rank_0_{model_states.name}")
+    folder = tag_folder / "zero"
+    path = folder / "optimizer_state.pt"
+    state = torch.load(path, weights_only=False)  # DeepSpeed's own file: it pickles its loss scaler
+    step = next(iter(sorted(folder.glob("*/step.pt"))))
+    state["optimizer_state_dict"] = {
+        "state": {0: {"step": torch.load(step, weights_only=True)}},
+        "param_groups": state["param_groups"],
+    }
+    torch.save(state, path)

@@ -14,6 +14,10 @@ Lightning restores the model, optimizers, LR schedulers and loop counters, but o
 :class:`ExactResume` fixes the three. Add it next to your ``ModelCheckpoint`` (the ``lightning-zero`` CLI adds
 it for you). Skipped batches are read from the loader again, from the RNG state of the epoch's start (so the
 sampler order and DataLoader worker seeds are those of the interrupted epoch), but not trained on.
+
+Under a plain Lightning strategy (``ddp``...) it also lets the run resume from a lightning-zero checkpoint directory
+(DeepSpeed, FSDP2 sharded), weights-only (see :mod:`lightning_zero.checkpoint.weights_only`); after any
+weights-only resume it sets the fresh optimizer's learning rates to the restored schedulers' last ones.
 """
 
 from __future__ import annotations
@@ -28,6 +32,13 @@ import numpy as np
 import torch
 from lightning.fabric.utilities.data import _set_sampler_epoch
 from lightning.pytorch.callbacks import Callback
+
+from lightning_zero.checkpoint.strategy import SafeCheckpoints
+from lightning_zero.checkpoint.weights_only import (
+    ShardedCheckpointFallback,
+    scheduled_learning_rates,
+    set_learning_rates,
+)
 
 _KEY = "lightning_zero_rng"
 
@@ -116,6 +127,13 @@ class ExactResume(Callback):
     def __init__(self) -> None:
         self._epoch_start: dict[str, Any] | None = None
         self._loaded: dict[str, Any] | None = None
+        self._learning_rates: list[list[float]] | None = None
+
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        strategy, io = trainer.strategy, trainer.strategy.checkpoint_io
+        # The lightning-zero strategies resume any checkpoint themselves.
+        if not isinstance(strategy, SafeCheckpoints) and not isinstance(io, ShardedCheckpointFallback):
+            strategy.checkpoint_io = ShardedCheckpointFallback(io)
 
     def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._epoch_start = rng_state()
@@ -127,11 +145,15 @@ class ExactResume(Callback):
     def on_load_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict[str, Any]) -> None:
         if trainer.max_steps != -1 and "loops" in checkpoint:
             fix_epoch_end_loop_state(checkpoint["loops"])
+        self._learning_rates = scheduled_learning_rates(checkpoint)
         states = checkpoint.get(_KEY)
         if states:
             self._loaded = states[trainer.global_rank] if len(states) == trainer.world_size else states[0]
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if self._learning_rates is not None:
+            set_learning_rates([config.scheduler for config in trainer.lr_scheduler_configs], self._learning_rates)
+            self._learning_rates = None
         loaded, self._loaded = self._loaded, None
         if loaded is None:
             return

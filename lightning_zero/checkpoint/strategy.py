@@ -9,9 +9,23 @@ from pathlib import Path
 from typing import Any
 
 from lightning_zero.checkpoint.atomic import remove_checkpoint, save_atomically
-from lightning_zero.checkpoint.manifest import checkpoint_manifest
-from lightning_zero.checkpoint.reshard import UNIVERSAL, UNIVERSAL_SUFFIX, resume_route, universal_checkpoint
+from lightning_zero.checkpoint.manifest import Manifest, checkpoint_manifest
+from lightning_zero.checkpoint.reshard import (
+    UNIVERSAL,
+    UNIVERSAL_SUFFIX,
+    WEIGHTS_ONLY,
+    resume_route,
+    universal_checkpoint,
+    why_not_carried,
+)
 from lightning_zero.checkpoint.validate import check_checkpoint
+from lightning_zero.checkpoint.weights_only import (
+    describe,
+    load_into_deepspeed,
+    load_into_fsdp2,
+    warn_optimizer_not_carried,
+    weights_only_checkpoint,
+)
 
 
 class SafeCheckpoints:
@@ -33,10 +47,26 @@ class SafeCheckpoints:
         path = Path(self.broadcast(str(checkpoint_path)))  # type: ignore[attr-defined]
         check_checkpoint(path, self.lightning_module)  # type: ignore[attr-defined]
         backend, stage = self.checkpoint_identity()
-        route = resume_route(path, checkpoint_manifest(path), backend, stage, self.world_size)  # type: ignore[attr-defined]
+        manifest = checkpoint_manifest(path)
+        route = resume_route(manifest, backend, stage, self.world_size)  # type: ignore[attr-defined]
+        if route == WEIGHTS_ONLY:
+            return self._weights_only(path, manifest)
         if route == UNIVERSAL:
             path = self._universal(path)
         return super().load_checkpoint(path, weights_only)  # type: ignore[misc]
+
+    def _weights_only(self, path: Path, manifest: Manifest | None) -> dict[str, Any]:
+        """Load the consolidated weights into this strategy's model; Lightning restores the rest of the dict."""
+        backend, stage = self.checkpoint_identity()
+        checkpoint = weights_only_checkpoint(path)
+        module = self.lightning_module  # type: ignore[attr-defined]
+        if backend == "deepspeed":  # set up before the load; Lightning's `load_model_state_dict` does nothing here
+            load_into_deepspeed(module, self.deepspeed_engine, checkpoint["state_dict"], stage)  # type: ignore[attr-defined]
+        elif backend == "fsdp2":
+            load_into_fsdp2(module, checkpoint["state_dict"])
+        here = describe(backend, stage, self.world_size)  # type: ignore[attr-defined]
+        warn_optimizer_not_carried(path, manifest, here, why_not_carried(manifest, backend))
+        return checkpoint
 
     def _universal(self, path: Path) -> Path:
         """Convert on rank 0, then have every rank's DeepSpeed engine load the universal form."""

@@ -15,7 +15,8 @@ A run is ``KIND:STRATEGY`` (a Lightning strategy name or preset); rank 0 writes 
 * ``plain``: the first run of ``resume`` with the dropout-free, unshuffled ``ShortEpochLM`` (so that one process
   with twice the batch sees the same samples and numbers): its result; checkpoints in ``ckpt-plain-<strategy>``.
 * ``cross``: ``SOURCE>TARGET``: after ``plain`` of SOURCE at 2 processes, ``--devices 1`` resumes its step-10
-  checkpoint under TARGET with batch 8 to ``--steps``. ``cross-fresh-optimizer`` does the same but empties the
+  checkpoint under TARGET with batch 8 to ``--steps`` (pairs without a route that carries the optimizer state
+  resume weights-only, with one warning). ``cross-fresh-optimizer`` does the same but empties the
   optimizer state after loading (what a loader that dropped it would do), for the test to tell the two apart.
 """
 
@@ -110,6 +111,10 @@ def summary(trainer: L.Trainer, module: DropoutLM) -> dict[str, Any]:
     }
 
 
+def last_lr(trainer: L.Trainer) -> float:
+    return float(trainer.optimizers[0].param_groups[0]["lr"])
+
+
 def resume(spec: str, args: argparse.Namespace) -> dict[str, Any] | None:
     directory = args.out / f"ckpt-{spec}"
     trainer, module = fit(spec, args.devices, args.steps, checkpointing(directory, args.every))
@@ -155,7 +160,7 @@ def plain(spec: str, args: argparse.Namespace) -> dict[str, Any] | None:
     module = ShortEpochLM()
     trainer = make_trainer(spec, args.devices, args.steps, checkpointing(args.out / f"ckpt-plain-{spec}", args.every))
     trainer.fit(module)
-    result = {"state_dict": full_state(trainer, module), "losses": module.losses}
+    result = {"state_dict": full_state(trainer, module), "losses": module.losses, "lr": last_lr(trainer)}
     return result if trainer.is_global_zero else None
 
 
@@ -173,7 +178,12 @@ def cross(pair: str, args: argparse.Namespace, forget: bool = False) -> dict[str
     callbacks = [ExactResume(), *([_ForgetOptimizerState()] if forget else [])]
     trainer = make_trainer(target, 1, args.steps, callbacks)
     trainer.fit(module, ckpt_path=str(path))
-    return {"state_dict": full_state(trainer, module), "losses": module.losses}
+    return {
+        "state_dict": full_state(trainer, module),
+        "losses": module.losses,
+        "global_step": trainer.global_step,
+        "lr": last_lr(trainer),
+    }
 
 
 def cross_fresh_optimizer(pair: str, args: argparse.Namespace) -> dict[str, Any] | None:
