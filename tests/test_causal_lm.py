@@ -14,6 +14,8 @@ import math
 import sys
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # also run as a worker script
+
 import pytest
 import torch
 
