@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import lightning as L
@@ -53,19 +54,29 @@ def test_model_is_built_once_in_configure_model_with_the_tokenizer_vocabulary() 
 
 def test_bad_arguments_are_one_line_errors() -> None:
     with pytest.raises(ZeroConfigError, match="set `tokenizer`"):
-        SequenceClassificationTask(model="shape:tiny-deberta-v2")
+        SequenceClassificationTask(model="shape:tiny-deberta-v2").configure_model()
     with pytest.raises(ZeroConfigError, match="num_labels must be at least 2"):
         SequenceClassificationTask(num_labels=1)
     with pytest.raises(ZeroConfigError, match="configure_model"):
         SequenceClassificationTask()(input_ids=torch.ones(1, 2, dtype=torch.long))
 
 
-def test_tokenizer_check_accepts_other_spellings_and_refuses_another_tokenizer() -> None:
-    task = SequenceClassificationTask(model=MINILM)
-    task._check_tokenizer("all-MiniLM-L6-v2")  # the shipped model's short name: the same tokenizer
-    assert task.hparams["tokenizer"] == task.hparams_initial["tokenizer"] == "all-MiniLM-L6-v2"
-    with pytest.raises(ZeroConfigError, match=r"set data\.init_args\.tokenizer and model\.init_args\.tokenizer"):
-        task._check_tokenizer("bert-base-uncased")
+def _with_data(task: SequenceClassificationTask, data_tokenizer: str) -> SequenceClassificationTask:
+    task._trainer = SimpleNamespace(datamodule=MovieReviewsDataModule(tokenizer=data_tokenizer))  # type: ignore[assignment]
+    task.setup("fit")
+    return task
+
+
+def test_an_unset_tokenizer_is_the_data_modules_and_another_tokenizer_is_refused() -> None:
+    task = _with_data(SequenceClassificationTask(model="shape:tiny-deberta-v2"), "all-MiniLM-L6-v2")
+    assert task.tokenizer_name == "all-MiniLM-L6-v2" and "tokenizer" not in task.hparams_initial  # not rewritten
+    task.configure_model()  # the shape takes the data module's vocabulary
+    model: Any = task.model
+    assert model is not None and model.get_input_embeddings().weight.shape[0] == 30522
+    same = _with_data(SequenceClassificationTask(model=MINILM, tokenizer=MINILM), "all-MiniLM-L6-v2")
+    assert same.hparams_initial["tokenizer"] == MINILM  # another spelling of the same tokenizer is accepted
+    with pytest.raises(ZeroConfigError, match=r"set the tokenizer once, under data\.init_args\.tokenizer"):
+        _with_data(SequenceClassificationTask(model=MINILM, tokenizer=MINILM), "bert-base-uncased")
 
 
 # --- metrics ------------------------------------------------------------------------------------------------
