@@ -70,10 +70,8 @@ class SequenceClassificationTask(TaskModule):
         """The tokenizer this task's model expects: its own, else the data module's, else the model's."""
         return self.hparams.get("tokenizer") or self.data_tokenizer or self.hparams["model"]
 
-    def configure_model(self) -> None:
-        """Build the Hugging Face model (once; under ZeRO-3 inside ``deepspeed.zero.Init``)."""
-        if self.model is not None:
-            return
+    def build_network(self) -> nn.Module:
+        """The Hugging Face classifier, in training mode (a shape gets the tokenizer's vocabulary and pad id)."""
         source = self.hparams["model"]
         overrides: dict[str, Any] = {"num_labels": self.hparams["num_labels"]}
         vocab_size = None
@@ -85,7 +83,7 @@ class SequenceClassificationTask(TaskModule):
             if tokenizer.pad_token_id is not None:
                 overrides["pad_token_id"] = tokenizer.pad_token_id
         model = build_model(AutoModelForSequenceClassification, source, vocab_size=vocab_size, **overrides)
-        self.model = model.train()  # `from_pretrained` returns eval mode, and Lightning keeps submodules' modes
+        return model.train()  # `from_pretrained` returns eval mode, and Lightning keeps submodules' modes
 
     def setup(self, stage: str) -> None:
         """Check the data against the model (classes within ``num_labels``, the same tokenizer); an unset
