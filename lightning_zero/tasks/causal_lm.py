@@ -30,6 +30,7 @@ class CausalLMTask(LanguageTask):
         warmup_ratio: Share of the training steps spent warming the learning rate up linearly.
     """
 
+    # LightningCLI reads this signature: the parameters (and their docs) shared with the other language task stay.
     def __init__(
         self,
         model: str = "shape:tiny-gpt2",

@@ -62,6 +62,7 @@ class Seq2SeqTask(LanguageTask):
         num_logged_samples: Replies from the first validation batch printed by rank 0 and sent to the logger.
     """
 
+    # LightningCLI reads this signature: the parameters (and their docs) shared with the other language task stay.
     def __init__(
         self,
         model: str = "shape:tiny-blenderbot",
