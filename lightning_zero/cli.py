@@ -37,6 +37,8 @@ from lightning_zero.quiet import quiet_libraries
 from lightning_zero.strategies.presets import PRESETS, check_strategy_name
 
 #: Arguments the task and its data module must agree on: the data module's value is the task's.
+#: Not ``num_labels``: an instantiate link overrides a given ``model.init_args.num_labels`` silently, and files
+#: without label_names or ``datasets`` data know their classes only once read (setup), so the task checks them there.
 SHARED_ARGUMENTS = ("tokenizer", "tokenizer_cache_dir", "max_target_length")
 
 

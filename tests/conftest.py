@@ -1,4 +1,5 @@
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -10,7 +11,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
 @pytest.fixture(scope="module")
-def one_thread():
+def one_thread() -> Iterator[None]:
     """One intra-op thread: on a shared 2-core machine, two OpenMP threads per process run ~10x slower."""
     previous = torch.get_num_threads()
     torch.set_num_threads(1)

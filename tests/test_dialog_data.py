@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import json
 import shutil
+from collections.abc import Iterable
 from pathlib import Path
+from typing import cast
 
 import pytest
 import torch
+from transformers import PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
 from lightning_zero.data import tokenizers as tokenizers_module
 from lightning_zero.data.corpora import load_chatterbot, load_chitchat
@@ -34,7 +37,7 @@ def cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def tokenizer(cache_dir: Path):
+def tokenizer(cache_dir: Path) -> PreTrainedTokenizerBase:
     return get_tokenizer(TOKENIZER, cache_dir)
 
 
@@ -113,7 +116,7 @@ def test_chatterbot_module_batches(cache_dir: Path) -> None:
 # --- collation ---------------------------------------------------------------------------------------------
 
 
-def test_collate_pads_dynamically_and_masks_labels(tokenizer) -> None:
+def test_collate_pads_dynamically_and_masks_labels(tokenizer: PreTrainedTokenizerBase) -> None:
     pairs = [DialogPair("<speaker1>hello", "hi there how are you", 0), DialogPair("<speaker1>a b c d e f g", "ok", 1)]
     batch = DialogCollator(tokenizer, max_source_length=128, max_target_length=64)(pairs)
     lengths = [len(tokenizer(p.source)["input_ids"]) for p in pairs]
@@ -125,11 +128,11 @@ def test_collate_pads_dynamically_and_masks_labels(tokenizer) -> None:
     assert batch["references"] == ["hi there how are you", "ok"]
 
 
-def test_collate_truncates_sources_from_the_left(tokenizer) -> None:
+def test_collate_truncates_sources_from_the_left(tokenizer: PreTrainedTokenizerBase) -> None:
     source = "<speaker2>" + "old words " * 50 + "<speaker1>latest question"
     batch = DialogCollator(tokenizer, max_source_length=8, max_target_length=3)([DialogPair(source, "a b c d e f", 0)])
     assert batch["input_ids"].shape[1] == 8 and batch["labels"].shape[1] == 3
-    assert tokenizer.decode(batch["input_ids"][0], skip_special_tokens=True).endswith("latest question")
+    assert cast(str, tokenizer.decode(batch["input_ids"][0], skip_special_tokens=True)).endswith("latest question")
     target_ids = tokenizer("a b c d e f", add_special_tokens=False)["input_ids"]
     assert batch["labels"][0].tolist() == [*target_ids[:2], tokenizer.eos_token_id]  # cut on the right, EOS kept
 
@@ -179,7 +182,7 @@ def test_missing_datasets_names_the_install(monkeypatch: pytest.MonkeyPatch) -> 
 # --- tokenizers ----------------------------------------------------------------------------------------------
 
 
-def test_trained_bpe_is_cached_and_reloads(cache_dir: Path, tokenizer) -> None:
+def test_trained_bpe_is_cached_and_reloads(cache_dir: Path, tokenizer: PreTrainedTokenizerBase) -> None:
     folder = cache_dir / "bpe-chitchat-1024"
     assert (folder / "tokenizer.json").is_file()
     assert len(tokenizer) == 1024
@@ -195,11 +198,11 @@ def test_trained_bpe_is_cached_and_reloads(cache_dir: Path, tokenizer) -> None:
 
 
 def test_losing_the_race_loads_the_winners_tokenizer(
-    cache_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, tokenizer
+    cache_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, tokenizer: PreTrainedTokenizerBase
 ) -> None:
     real_train = tokenizers_module.train_bpe
 
-    def train_while_another_rank_finishes(texts, vocab_size):
+    def train_while_another_rank_finishes(texts: Iterable[str], vocab_size: int) -> PreTrainedTokenizerFast:
         shutil.copytree(cache_dir / "bpe-chitchat-1024", tmp_path / "bpe-chitchat-1024")
         return real_train(["a tiny text for the slower rank"], 300)
 
@@ -226,6 +229,6 @@ def test_bad_specs_and_shipped_wordpiece() -> None:
     assert special_ids(wordpiece) == special_ids(wordpiece).__class__(pad=0, bos=101, eos=102)
 
 
-def test_collator_output_is_long(tokenizer) -> None:
+def test_collator_output_is_long(tokenizer: PreTrainedTokenizerBase) -> None:
     batch = DialogCollator(tokenizer, 16, 16)([DialogPair("<speaker1>x", "y", 0)])
     assert batch["input_ids"].dtype == torch.long and batch["labels"].dtype == torch.long

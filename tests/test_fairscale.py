@@ -20,6 +20,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import lightning as L
 import pytest
@@ -62,7 +63,7 @@ RUNS = [
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory) -> SimpleNamespace:
+def runs(tmp_path_factory: pytest.TempPathFactory) -> SimpleNamespace:
     out = tmp_path_factory.mktemp("fairscale")
     log = run_script(RUNNER, str(out), "--steps", str(STEPS), "--runs", *RUNS, timeout=600)
     run_script(RUNNER, str(out), "--devices", "1", "--steps", str(STEPS), "--runs", *(f"load:{n}" for n in PRESETS))
@@ -78,14 +79,14 @@ def load(runs: SimpleNamespace, run: str) -> dict:
 
 @needs_fairscale
 @pytest.mark.parametrize("name", PRESETS)
-def test_matches_ddp(runs, name):
+def test_matches_ddp(runs: SimpleNamespace, name: str) -> None:
     assert_same_training(load(runs, f"train:{name}"), load(runs, "train:ddp"), EXACT)
     assert load(runs, f"train:{name}")["losses"][-1] < load(runs, "train:ddp")["losses"][0] - 0.05, "did not train"
 
 
 @needs_fairscale
 @pytest.mark.parametrize("name", PRESETS)
-def test_matches_ddp_in_bf16(runs, name):
+def test_matches_ddp_in_bf16(runs: SimpleNamespace, name: str) -> None:
     bf16 = load(runs, f"train-bf16:{name}")
     assert_same_training(bf16, load(runs, "train-bf16:ddp"), EXACT)
     assert bf16["losses"] != load(runs, f"train:{name}")["losses"], "bf16-mixed changed nothing"
@@ -93,14 +94,14 @@ def test_matches_ddp_in_bf16(runs, name):
 
 @needs_fairscale
 @pytest.mark.parametrize("name", PRESETS)
-def test_clips_by_the_norm_over_all_shards(runs, name):
+def test_clips_by_the_norm_over_all_shards(runs: SimpleNamespace, name: str) -> None:
     clipped = load(runs, f"train-clip:{name}")
     assert_same_training(clipped, load(runs, "train-clip:ddp"), REORDERED)
     assert abs(clipped["losses"][-1] - load(runs, f"train:{name}")["losses"][-1]) > 1e-3, "clipping did not act"
 
 
 @needs_fairscale
-def test_activation_checkpointing_trains_the_same(runs):
+def test_activation_checkpointing_trains_the_same(runs: SimpleNamespace) -> None:
     assert "Activation checkpointing on 2 blocks." in runs.log
     result = load(runs, "train:zero2_fairscale+activation_checkpointing=true")
     assert_same_training(result, load(runs, "train:ddp"), EXACT)
@@ -108,7 +109,7 @@ def test_activation_checkpointing_trains_the_same(runs):
 
 @needs_fairscale
 @pytest.mark.parametrize("name", PRESETS)
-def test_optimizer_state_is_sharded(runs, name):
+def test_optimizer_state_is_sharded(runs: SimpleNamespace, name: str) -> None:
     ddp_ranks = load(runs, "train:ddp")["footprints"]
     ranks = load(runs, f"train:{name}")["footprints"]
     full_state = ddp_ranks[0][2]
@@ -121,7 +122,7 @@ def test_optimizer_state_is_sharded(runs, name):
 
 @needs_fairscale
 @pytest.mark.parametrize("name", PRESETS)
-def test_resumed_run_equals_the_uninterrupted_one(runs, name):
+def test_resumed_run_equals_the_uninterrupted_one(runs: SimpleNamespace, name: str) -> None:
     result = load(runs, f"resume:{name}")
     resumed = result["resumed"]
     assert len(resumed["losses"]) == STEPS // 2
@@ -130,7 +131,7 @@ def test_resumed_run_equals_the_uninterrupted_one(runs, name):
 
 @needs_fairscale
 @pytest.mark.parametrize("name", PRESETS)
-def test_checkpoint_is_one_file_with_the_whole_optimizer_state(runs, name):
+def test_checkpoint_is_one_file_with_the_whole_optimizer_state(runs: SimpleNamespace, name: str) -> None:
     path = runs.out / f"ckpt-{result_name(name)}" / f"at-step-{STEPS // 2}.ckpt"
     assert path.is_file()
     checkpoint = torch.load(path, weights_only=False)
@@ -141,7 +142,7 @@ def test_checkpoint_is_one_file_with_the_whole_optimizer_state(runs, name):
 
 @needs_fairscale
 @pytest.mark.parametrize("name", PRESETS)
-def test_two_process_checkpoint_resumes_in_one_process(runs, name):
+def test_two_process_checkpoint_resumes_in_one_process(runs: SimpleNamespace, name: str) -> None:
     one_process = load(runs, f"load:{name}")
     assert one_process["footprints"] == [[29056, 29056, 58112]]  # all state on the single rank
     uninterrupted = load(runs, f"resume:{name}")
@@ -150,7 +151,7 @@ def test_two_process_checkpoint_resumes_in_one_process(runs, name):
 
 @needs_fairscale
 @pytest.mark.parametrize("spec", GAN)
-def test_two_optimizers_with_manual_optimization_match_ddp(runs, spec):
+def test_two_optimizers_with_manual_optimization_match_ddp(runs: SimpleNamespace, spec: str) -> None:
     result, reference = load(runs, f"gan:{spec}"), load(runs, "gan:ddp_find_unused_parameters_true")
     assert len(result["losses"]) == STEPS // 2  # manual optimization: two optimizer steps a batch
     assert_same_training(result, reference, EXACT)
@@ -172,7 +173,7 @@ def test_two_optimizers_with_manual_optimization_match_ddp(runs, spec):
         ({"nvme_path": "/tmp"}, "Unknown FairScaleZeroConfig key(s) ['nvme_path']"),
     ],
 )
-def test_unsupported_fields_are_one_line_errors(fields, message):
+def test_unsupported_fields_are_one_line_errors(fields: dict[str, Any], message: str) -> None:
     with pytest.raises(ZeroConfigError) as error:
         FairScaleZeroConfig.from_dict(fields)
     assert message in str(error.value)
@@ -180,21 +181,21 @@ def test_unsupported_fields_are_one_line_errors(fields, message):
 
 
 @needs_fairscale
-def test_presets_pick_the_stage_and_reject_bad_overrides():
+def test_presets_pick_the_stage_and_reject_bad_overrides() -> None:
     assert build_preset("zero1_fairscale").zero.stage == 1
     assert build_preset("zero2_fairscale").zero == FairScaleZeroConfig(stage=2)
     with pytest.raises(ZeroConfigError, match="offload_optimizer: cpu"):
         build_preset("zero2_fairscale", offload_optimizer="cpu")
 
 
-def test_deepspeed_config_is_refused():
+def test_deepspeed_config_is_refused() -> None:
     from lightning_zero import DeepSpeedZeroConfig
 
     with pytest.raises(ZeroConfigError, match="takes a FairScaleZeroConfig, got a DeepSpeedZeroConfig"):
         FairScaleStrategy(zero=DeepSpeedZeroConfig())  # type: ignore[arg-type]
 
 
-def test_sharded_ddp_buckets_follow_the_optimization_mode():
+def test_sharded_ddp_buckets_follow_the_optimization_mode() -> None:
     config = FairScaleZeroConfig()
     assert sharded_ddp_options(config, manual_optimization=False)["reduce_buffer_size"] == DEFAULT_REDUCE_BUFFER_SIZE
     assert sharded_ddp_options(config, manual_optimization=True)["reduce_buffer_size"] == 0
@@ -205,7 +206,7 @@ def test_sharded_ddp_buckets_follow_the_optimization_mode():
         sharded_ddp_options(config.replace(reduce_buffer_size=1024), manual_optimization=True)
 
 
-def test_optimizer_is_rebuilt_from_its_constructor_arguments():
+def test_optimizer_is_rebuilt_from_its_constructor_arguments() -> None:
     optimizer = torch.optim.AdamW([torch.nn.Parameter(torch.zeros(2))], lr=0.1, weight_decay=0.3)
     defaults = optimizer_constructor_defaults(torch.optim.AdamW, optimizer.defaults)
     assert "decoupled_weight_decay" in optimizer.defaults and "decoupled_weight_decay" not in defaults
@@ -213,7 +214,7 @@ def test_optimizer_is_rebuilt_from_its_constructor_arguments():
 
 
 @needs_fairscale
-def test_an_optimizer_with_state_is_refused():
+def test_an_optimizer_with_state_is_refused() -> None:
     parameter = torch.nn.Parameter(torch.ones(2))
     optimizer = torch.optim.Adam([parameter])
     parameter.sum().backward()
@@ -223,7 +224,7 @@ def test_an_optimizer_with_state_is_refused():
 
 
 @needs_fairscale
-def test_fp16_uses_fairscales_sharded_grad_scaler():
+def test_fp16_uses_fairscales_sharded_grad_scaler() -> None:
     from fairscale.optim.grad_scaler import ShardedGradScaler
     from lightning.pytorch.plugins.precision import MixedPrecision
 
@@ -237,7 +238,7 @@ def test_fp16_uses_fairscales_sharded_grad_scaler():
 # --- FairScale missing --------------------------------------------------------------------------------------------
 
 
-def test_missing_fairscale_is_one_clear_error(monkeypatch):
+def test_missing_fairscale_is_one_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "fairscale", None)  # makes `import fairscale` fail
     for make in (lambda: build_preset("zero2_fairscale"), lambda: L.Trainer(strategy="zero1_fairscale")):
         with pytest.raises(ZeroConfigError) as error:
@@ -246,7 +247,7 @@ def test_missing_fairscale_is_one_clear_error(monkeypatch):
     assert "pip install 'lightning-zero[fairscale]'" in FAIRSCALE_MISSING
 
 
-def test_package_imports_without_fairscale(tmp_path):
+def test_package_imports_without_fairscale(tmp_path: Path) -> None:
     script = tmp_path / "no_fairscale.py"
     script.write_text(
         "import sys\n"
@@ -271,7 +272,7 @@ def test_package_imports_without_fairscale(tmp_path):
 
 
 @RunIf(min_cuda_gpus=2, fairscale=True)
-def test_nccl_and_fp16_with_sharded_grad_scaler_on_two_gpus(tmp_path):
+def test_nccl_and_fp16_with_sharded_grad_scaler_on_two_gpus(tmp_path: Path) -> None:
     # Measured on 2 H200s: fp32 and 16-mixed (ShardedGradScaler) both bit-identical to DDP.
     gpu_runs = [f"{kind}:{name}" for kind in ("train", "train-fp16") for name in ("ddp", *PRESETS)]
     run_script(RUNNER, str(tmp_path), "--accelerator", "gpu", "--steps", str(STEPS), "--runs", *gpu_runs, timeout=600)

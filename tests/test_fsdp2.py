@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import pytest
 import torch
@@ -57,7 +58,7 @@ RUNS = [
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory) -> SimpleNamespace:
+def runs(tmp_path_factory: pytest.TempPathFactory) -> SimpleNamespace:
     out = tmp_path_factory.mktemp("fsdp2")
     log = run_script(RUNNER, str(out), "--steps", str(STEPS), "--runs", *RUNS, timeout=600)
     loads = ["load:zero3_fsdp", f"load:{FULL}"]
@@ -77,20 +78,20 @@ def later_half(result: dict) -> dict:
 
 
 @pytest.mark.parametrize("name", PRESETS)
-def test_matches_ddp(runs, name):
+def test_matches_ddp(runs: SimpleNamespace, name: str) -> None:
     result = load(runs, f"train:{name}")
     assert_same_training(result, load(runs, "train:ddp"), EXACT)
     assert result["losses"][-1] < result["losses"][0] - 0.05, "did not train"
 
 
-def test_every_block_and_the_model_are_sharded_without_user_code(runs):
+def test_every_block_and_the_model_are_sharded_without_user_code(runs: SimpleNamespace) -> None:
     # TinyLM has no configure_model: 2 GPT-2 blocks + the GPT2LMHeadModel are sharded by the strategy.
     assert runs.log.count("FSDP2 stage 3: 3 modules sharded.") >= 2
     assert "FSDP2 stage 2: 3 modules sharded." in runs.log
 
 
 @pytest.mark.parametrize("name", PRESETS)
-def test_parameters_and_optimizer_state_are_sharded(runs, name):
+def test_parameters_and_optimizer_state_are_sharded(runs: SimpleNamespace, name: str) -> None:
     _, ddp_full, ddp_state = load(runs, "train:ddp")["footprints"][0]
     ranks = load(runs, f"train:{name}")["footprints"]
     assert len(ranks) == 2
@@ -102,26 +103,26 @@ def test_parameters_and_optimizer_state_are_sharded(runs, name):
         assert abs(state - ddp_state / 2) <= 0.05 * ddp_state
 
 
-def test_activation_checkpointing_trains_the_same(runs):
+def test_activation_checkpointing_trains_the_same(runs: SimpleNamespace) -> None:
     assert "Activation checkpointing on 2 blocks." in runs.log
     assert_same_training(load(runs, "train:zero3_fsdp+activation_checkpointing=true"), load(runs, "train:ddp"), EXACT)
 
 
 @pytest.mark.parametrize("name", ["zero2_fsdp", "zero3_offload_fsdp"])
-def test_clips_by_the_norm_over_all_shards(runs, name):
+def test_clips_by_the_norm_over_all_shards(runs: SimpleNamespace, name: str) -> None:
     clipped = load(runs, f"train-clip:{name}")
     assert_same_training(clipped, load(runs, "train-clip:ddp"), REORDERED)
     assert abs(clipped["losses"][-1] - load(runs, f"train:{name}")["losses"][-1]) > 1e-3, "clipping did not act"
 
 
 @pytest.mark.parametrize("name", ["zero3_fsdp", "zero3_offload_fsdp"])
-def test_bf16_mixed_precision_policy(runs, name):
+def test_bf16_mixed_precision_policy(runs: SimpleNamespace, name: str) -> None:
     bf16, fp32 = load(runs, f"train-bf16:{name}")["losses"], load(runs, "train:ddp")["losses"]
     torch.testing.assert_close(torch.tensor(bf16), torch.tensor(fp32), atol=BF16_LOSS, rtol=0)
     assert bf16 != fp32, "bf16 parameters changed nothing"
 
 
-def test_reduce_in_fp32_is_honoured(runs):
+def test_reduce_in_fp32_is_honoured(runs: SimpleNamespace) -> None:
     fp32_reduce = load(runs, "train-bf16:zero3_fsdp")["losses"]
     bf16_reduce = load(runs, "train-bf16:zero3_fsdp+reduce_in_fp32=false")["losses"]
     assert fp32_reduce != bf16_reduce
@@ -129,13 +130,13 @@ def test_reduce_in_fp32_is_honoured(runs):
 
 
 @pytest.mark.parametrize("spec", CHECKPOINTED)
-def test_resumed_run_equals_the_uninterrupted_one(runs, spec):
+def test_resumed_run_equals_the_uninterrupted_one(runs: SimpleNamespace, spec: str) -> None:
     result = load(runs, f"resume:{spec}")
     assert len(result["resumed"]["losses"]) == STEPS // 2
     assert_same_training(result["resumed"], later_half(result), EXACT)
 
 
-def test_checkpoint_formats(runs):
+def test_checkpoint_formats(runs: SimpleNamespace) -> None:
     sharded = runs.out / f"ckpt-{result_name('zero3_fsdp')}" / f"at-step-{STEPS // 2}.ckpt"
     assert sharded.is_dir() and len(list(sharded.glob("*.distcp"))) == 2  # one shard file per rank
     full = runs.out / f"ckpt-{result_name(FULL)}" / f"at-step-{STEPS // 2}.ckpt"
@@ -151,7 +152,7 @@ def test_checkpoint_formats(runs):
 
 
 @pytest.mark.parametrize("spec", ["zero3_fsdp", FULL])
-def test_two_process_checkpoint_resumes_in_one_process(runs, spec):
+def test_two_process_checkpoint_resumes_in_one_process(runs: SimpleNamespace, spec: str) -> None:
     one_process = load(runs, f"load:{spec}")
     assert one_process["footprints"] == [[29056, 29056, 58112]]
     assert_same_training(one_process, later_half(load(runs, f"resume:{spec}")), REORDERED)
@@ -173,14 +174,14 @@ def test_two_process_checkpoint_resumes_in_one_process(runs, spec):
         ({"nvme_path": "/tmp"}, "Unknown FSDP2ZeroConfig key(s) ['nvme_path']"),
     ],
 )
-def test_unsupported_fields_are_one_line_errors(fields, message):
+def test_unsupported_fields_are_one_line_errors(fields: dict[str, Any], message: str) -> None:
     with pytest.raises(ZeroConfigError) as error:
         FSDP2ZeroConfig.from_dict(fields)
     assert message in str(error.value)
     assert "\n" not in str(error.value)
 
 
-def test_presets():
+def test_presets() -> None:
     assert build_preset("zero2_fsdp").zero.stage == 2
     assert build_preset("zero3_fsdp").zero == FSDP2ZeroConfig(stage=3)
     offload = build_preset("zero3_offload_fsdp").zero
@@ -200,11 +201,13 @@ def test_presets():
         ("16-mixed", False, (torch.float16, torch.float16)),
     ],
 )
-def test_mixed_precision_from_trainer_precision(precision, reduce_in_fp32, expected):
+def test_mixed_precision_from_trainer_precision(
+    precision: str, reduce_in_fp32: bool, expected: tuple[torch.dtype | None, torch.dtype | None]
+) -> None:
     assert mixed_precision_dtypes(precision, reduce_in_fp32) == expected
 
 
-def test_fully_shard_options_per_stage():
+def test_fully_shard_options_per_stage() -> None:
     from torch.distributed.fsdp import CPUOffloadPolicy
 
     stage2, stage3 = FSDP2ZeroConfig(stage=2), FSDP2ZeroConfig(stage=3)
@@ -222,7 +225,7 @@ def test_fully_shard_options_per_stage():
     )
 
 
-def test_parameters_held_by_the_lightning_module_itself_are_refused():
+def test_parameters_held_by_the_lightning_module_itself_are_refused() -> None:
     class Module(nn.Module):
         def __init__(self) -> None:
             super().__init__()
@@ -237,7 +240,7 @@ def test_parameters_held_by_the_lightning_module_itself_are_refused():
 
 
 @RunIf(min_cuda_gpus=2)
-def test_nccl_mixed_precision_offload_and_resume_on_two_gpus(tmp_path):
+def test_nccl_mixed_precision_offload_and_resume_on_two_gpus(tmp_path: Path) -> None:
     """Measured on 2 H200s: stages 2/3 bit-identical to DDP; with offload the step runs in CPU AdamW instead of
     CUDA AdamW (weights 8.3e-5 apart; clipped 6.5e-5); resume bit-identical; against fp32 DDP, 16-mixed (fp16
     parameters, GradScaler; ``cuda:nccl,cpu:gloo`` under offload) moves losses by 2.7e-3 and bf16-mixed by 1.8e-2."""

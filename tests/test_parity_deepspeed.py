@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import cast
 
 import pytest
 import torch
@@ -37,7 +38,7 @@ NVME_PRESET = pytest.param("zero3_offload_nvme", marks=NEEDS_LIBAIO)
 
 
 @pytest.fixture(scope="module")
-def parity_runs(tmp_path_factory) -> Path:
+def parity_runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("parity")
     files = [f"config:{DATA / 'ds_no_clipping.json'}", f"config:{DATA / 'ds_auto.yaml'}"]
     nvme = [f"nvme:{tmp_path_factory.mktemp('nvme')}"] if NVME else []
@@ -47,7 +48,7 @@ def parity_runs(tmp_path_factory) -> Path:
 
 
 @pytest.mark.parametrize("name", [*PRESETS, *CONFIG_FILES, NVME_PRESET])
-def test_losses_and_weights_match_ddp(parity_runs, name):
+def test_losses_and_weights_match_ddp(parity_runs: Path, name: str) -> None:
     tolerance = {**PRESETS, **CONFIG_FILES, "zero3_offload_nvme": CPU_ADAM}[name]
     reference, result = load(parity_runs, "ddp"), load(parity_runs, name)
     assert len(result["losses"]) == len(reference["losses"]) == STEPS
@@ -57,11 +58,11 @@ def test_losses_and_weights_match_ddp(parity_runs, name):
     assert max_weight_difference(result["state_dict"], TinyLM().state_dict()) > 1e-3, "weights did not train"
 
 
-def test_parity_would_catch_deepspeed_default_clipping():
+def test_parity_would_catch_deepspeed_default_clipping() -> None:
     # DeepSpeed clips to norm 1.0 unless told otherwise; that only shows in parity if gradients exceed it.
     module = TinyLM()
     module(token_data().tensors[0][:8]).backward()
-    norm = torch.nn.utils.get_total_norm([p.grad for p in module.parameters()])
+    norm = torch.nn.utils.get_total_norm(cast(list[torch.Tensor], [p.grad for p in module.parameters()]))
     assert norm > 1.0
 
 
@@ -69,14 +70,14 @@ def footprints(directory: Path, name: str) -> list[tuple[int, int, int]]:
     return [tuple(rank) for rank in load(directory, name)["footprints"]]
 
 
-def test_ddp_holds_everything_on_every_rank(parity_runs):
+def test_ddp_holds_everything_on_every_rank(parity_runs: Path) -> None:
     for local, full, optimizer_state in footprints(parity_runs, "ddp"):
         assert local == full
         assert optimizer_state == 2 * full  # Adam's two moments
 
 
 @pytest.mark.parametrize("name", ["zero1", "zero2", "zero2_offload", "zero3", "zero3_offload", NVME_PRESET])
-def test_optimizer_state_is_partitioned(parity_runs, name):
+def test_optimizer_state_is_partitioned(parity_runs: Path, name: str) -> None:
     ranks = footprints(parity_runs, name)
     full = ranks[0][1]
     for _, _, optimizer_state in ranks:
@@ -93,7 +94,7 @@ def test_optimizer_state_is_partitioned(parity_runs, name):
         pytest.param("zero3_offload_nvme", True, marks=NEEDS_LIBAIO),
     ],
 )
-def test_parameters_are_partitioned_only_under_stage_3(parity_runs, name, sharded):
+def test_parameters_are_partitioned_only_under_stage_3(parity_runs: Path, name: str, sharded: bool) -> None:
     ranks = footprints(parity_runs, name)
     for local, full, _ in ranks:
         assert (local <= 0.55 * full) if sharded else (local == full)
@@ -104,7 +105,7 @@ RESUMED = ["zero2", "zero3_offload"]
 
 
 @pytest.fixture(scope="module")
-def resume_runs(tmp_path_factory) -> Path:
+def resume_runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("resume")
     run_script(RUNNER, str(out), "--epochs", "2", "--strategies", *RESUMED, timeout=900)
     run_script(RUNNER, str(out), "--epochs", "2", "--resume-after-epoch", "1", "--strategies", *RESUMED, timeout=900)
@@ -112,7 +113,7 @@ def resume_runs(tmp_path_factory) -> Path:
 
 
 @pytest.mark.parametrize("name", RESUMED)
-def test_resumed_run_continues_exactly(resume_runs, name):
+def test_resumed_run_continues_exactly(resume_runs: Path, name: str) -> None:
     uninterrupted, resumed = load(resume_runs, name), load(resume_runs, f"{name}-resumed")
     steps_per_epoch = len(uninterrupted["losses"]) // 2
     assert resumed["batch_fingerprints"] == uninterrupted["batch_fingerprints"][steps_per_epoch:]
@@ -120,7 +121,7 @@ def test_resumed_run_continues_exactly(resume_runs, name):
     assert max_weight_difference(resumed["state_dict"], uninterrupted["state_dict"]) == 0.0
 
 
-def test_zero3_builds_configure_model_partitioned_with_hugging_face_init(tmp_path):
+def test_zero3_builds_configure_model_partitioned_with_hugging_face_init(tmp_path: Path) -> None:
     # transformers must be told that ZeRO-3 is on, or its weight init runs on empty partitions and the
     # model keeps torch's default init (std ~0.1 here instead of 0.02).
     out = tmp_path / "zero3.json"

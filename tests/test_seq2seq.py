@@ -11,7 +11,7 @@ import math
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import pytest
 import torch
@@ -19,12 +19,15 @@ import torch
 from lightning_zero.data.dialog import ChitChatDataModule
 from lightning_zero.tasks.seq2seq import Seq2SeqTask, needs_synced_generation, shift_right
 
+if TYPE_CHECKING:
+    import lightning as L
+
 TOKENIZER = "bpe:chitchat:1024"
 WORKER_TIMEOUT_S = 300
-_SMALL = {"max_source_length": 48, "max_target_length": 24}
+_SMALL: dict[str, Any] = {"max_source_length": 48, "max_target_length": 24}
 
 
-def _trainer(**kwargs: Any):
+def _trainer(**kwargs: Any) -> L.Trainer:
     import lightning as L
 
     defaults: dict[str, Any] = {
@@ -48,7 +51,7 @@ def trained(cache_dir: str, tmp_path_factory: pytest.TempPathFactory) -> dict[st
     import lightning as L
 
     L.seed_everything(0)
-    common = {"tokenizer": TOKENIZER, "tokenizer_cache_dir": cache_dir}
+    common: dict[str, Any] = {"tokenizer": TOKENIZER, "tokenizer_cache_dir": cache_dir}
     dm = ChitChatDataModule(batch_size=16, limit_train=2000, limit_val=32, history_window=2, **_SMALL, **common)
     task = Seq2SeqTask(model="shape:tiny-blenderbot", learning_rate=3e-3, num_beams=2, max_target_length=12, **common)
     trainer = _trainer(max_steps=30, val_check_interval=30)
@@ -142,13 +145,13 @@ def _zero3_worker(out: str, cache_dir: str) -> None:
     import lightning_zero  # noqa: F401  (registers zero3)
 
     L.seed_everything(0)
-    common = {"tokenizer": TOKENIZER, "tokenizer_cache_dir": cache_dir}
+    common: dict[str, Any] = {"tokenizer": TOKENIZER, "tokenizer_cache_dir": cache_dir}
     dm = ChitChatDataModule(batch_size=4, limit_train=32, limit_val=8, **_SMALL, **common)
     task = Seq2SeqTask(model="shape:tiny-blenderbot", learning_rate=3e-3, num_beams=3, max_target_length=10, **common)
     trainer = _trainer(devices=2, strategy="zero3", max_steps=2, limit_val_batches=2, val_check_interval=2)
     trainer.fit(task, dm)
     assert task.model is not None
-    weight = task.model.get_input_embeddings().weight
+    weight = cast(Any, task.model).get_input_embeddings().weight
     # Different batch sizes per rank: beams finish at different times, so ranks must stay in lock-step.
     rank = trainer.global_rank
     batch = next(iter(dm.val_dataloader()))
@@ -170,7 +173,9 @@ def run_worker(args: list[str], timeout: float = WORKER_TIMEOUT_S) -> str:
     return run_script(Path(__file__), *args, timeout=timeout)
 
 
-def test_generation_under_zero3_in_two_processes(tmp_path: Path, cache_dir: str, monkeypatch, capsys) -> None:
+def test_generation_under_zero3_in_two_processes(
+    tmp_path: Path, cache_dir: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     out = tmp_path / "zero3"
     run_worker(["zero3", str(out), cache_dir])
     ranks = [json.loads(Path(f"{out}.rank{rank}").read_text()) for rank in (0, 1)]

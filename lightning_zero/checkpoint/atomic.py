@@ -109,13 +109,8 @@ def fsync_tree(path: Path) -> None:
     """fsync a file, or every file and directory under a directory, so that a rename after it is durable."""
     paths = [path] if path.is_file() else [*(p for p in path.rglob("*")), path]
     for item in paths:
-        if item.is_symlink():
-            continue
-        descriptor = os.open(item, os.O_RDONLY)
-        try:
-            os.fsync(descriptor)
-        finally:
-            os.close(descriptor)
+        if not item.is_symlink():
+            _fsync(item)
 
 
 def publish(partial: Path, final: Path) -> None:
@@ -132,11 +127,11 @@ def publish(partial: Path, final: Path) -> None:
         os.rename(final, previous)
         os.rename(partial, final)
         remove_path(previous)
-    _fsync_directory(final.parent)
+    _fsync(final.parent)
 
 
-def _fsync_directory(directory: Path) -> None:
-    descriptor = os.open(directory, os.O_RDONLY)
+def _fsync(path: Path) -> None:
+    descriptor = os.open(path, os.O_RDONLY)
     try:
         os.fsync(descriptor)
     finally:

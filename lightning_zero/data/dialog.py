@@ -145,6 +145,7 @@ class DialogDataModule(TokenizerDataModule):
         num_workers: DataLoader worker processes.
     """
 
+    # LightningCLI reads this signature (with its own defaults): the parameters shared with the other data modules stay.
     def __init__(
         self,
         tokenizer: str = "bpe:chitchat",

@@ -48,6 +48,7 @@ class GlueDataModule(TextClassificationDataModule):
         **kwargs: See :class:`~lightning_zero.data.text_files.TextClassificationDataModule`.
     """
 
+    # LightningCLI reads this signature; keeping each argument is the same few lines as in the other data modules.
     def __init__(
         self,
         dataset: str = "glue",

@@ -82,6 +82,7 @@ class TextBlocksDataModule(TokenizerDataModule):
         num_workers: DataLoader worker processes.
     """
 
+    # LightningCLI reads this signature (with its own defaults): the parameters shared with the other data modules stay.
     def __init__(
         self,
         corpus: str = "chitchat",

@@ -94,6 +94,13 @@ class ZeroConfig:
         return type(self).from_dict({**current, **changes})
 
 
+def require_stages(config: ZeroConfig, backend: str, first: int, last: int, instead: str) -> None:
+    """Raise unless ``config.stage`` is ``first`` or ``last``, the two stages ``backend`` runs; ``instead`` says what
+    to use for the others."""
+    if config.stage not in (first, last):
+        raise ZeroConfigError(f"{backend} runs ZeRO stages {first} and {last}, got stage {config.stage}: {instead}")
+
+
 def reject_unsupported(config: ZeroConfig, backend: str, **unsupported: object) -> None:
     """Raise if ``config`` asks for a value a backend cannot honour.
 

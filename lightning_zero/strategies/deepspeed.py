@@ -74,6 +74,7 @@ class DeepSpeedZeroStrategy(SafeCheckpoints, DeepSpeedStrategy):
     #: The registered name that builds this class with its defaults (stage 2).
     strategy_name = "zero2"
 
+    # LightningCLI reads this signature: the parameters it shares with the other strategies stay spelled out.
     def __init__(
         self,
         zero: DeepSpeedZeroConfig | None = None,

@@ -81,6 +81,7 @@ class FairScaleStrategy(SafeCheckpoints, DDPStrategy):
     #: The registered name that builds this class with its defaults (stage 2).
     strategy_name = "zero2_fairscale"
 
+    # LightningCLI reads this signature: the parameters it shares with the other strategies stay spelled out.
     def __init__(
         self,
         zero: FairScaleZeroConfig | None = None,

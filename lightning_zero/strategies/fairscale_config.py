@@ -10,7 +10,7 @@ import inspect
 from typing import Any
 
 from lightning_zero.errors import ZeroConfigError
-from lightning_zero.strategies.config import ZeroConfig, reject_unsupported
+from lightning_zero.strategies.config import ZeroConfig, reject_unsupported, require_stages
 
 #: ShardedDataParallel's own default bucket size (elements) under automatic optimization.
 DEFAULT_REDUCE_BUFFER_SIZE = 2**23
@@ -41,11 +41,9 @@ class FairScaleZeroConfig(ZeroConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if self.stage not in (1, 2):
-            raise ZeroConfigError(
-                f"FairScale runs ZeRO stages 1 and 2, got stage {self.stage}: use zero3_fsdp or a DeepSpeed preset"
-                " for stage 3, plain `ddp` for stage 0."
-            )
+        require_stages(
+            self, "FairScale", 1, 2, "use zero3_fsdp or a DeepSpeed preset for stage 3, plain `ddp` for stage 0."
+        )
         reject_unsupported(self, "FairScale", offload_optimizer="none", offload_parameters="none")
         if self.reduce_buffer_size is not None and self.stage == 1:
             raise ZeroConfigError(

@@ -61,6 +61,7 @@ class FSDP2Strategy(SafeCheckpoints, ModelParallelStrategy):
     #: The registered name that builds this class with its defaults (stage 3).
     strategy_name = "zero3_fsdp"
 
+    # LightningCLI reads this signature: the parameters it shares with the other strategies stay spelled out.
     def __init__(
         self,
         zero: FSDP2ZeroConfig | None = None,

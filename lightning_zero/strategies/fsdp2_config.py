@@ -11,7 +11,7 @@ from typing import Any, Literal
 import torch
 
 from lightning_zero.errors import ZeroConfigError
-from lightning_zero.strategies.config import ZeroConfig
+from lightning_zero.strategies.config import ZeroConfig, require_stages
 
 CheckpointFormat = Literal["sharded", "full"]
 _CHECKPOINT_FORMATS = ("sharded", "full")
@@ -43,11 +43,7 @@ class FSDP2ZeroConfig(ZeroConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if self.stage not in (2, 3):
-            raise ZeroConfigError(
-                f"FSDP2 runs ZeRO stages 2 and 3, got stage {self.stage}: use zero1 or zero1_fairscale for stage 1,"
-                " plain `ddp` for stage 0."
-            )
+        require_stages(self, "FSDP2", 2, 3, "use zero1 or zero1_fairscale for stage 1, plain `ddp` for stage 0.")
         for name in ("offload_optimizer", "offload_parameters"):
             if getattr(self, name) == "nvme":
                 raise ZeroConfigError(

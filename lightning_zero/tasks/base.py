@@ -27,9 +27,18 @@ from lightning_zero.tasks.optimization import adamw_with_linear_warmup, training
 
 class TaskModule(LightningModule):
     """Base of the tasks. Hyper-parameters it reads: ``learning_rate``, ``weight_decay``, ``warmup_ratio`` and
-    (optionally) ``adam_eps``; the network is ``self.model``, built in ``configure_model``."""
+    (optionally) ``adam_eps``; the network is ``self.model``, built once by ``build_network`` in ``configure_model``."""
 
     model: nn.Module | None
+
+    def configure_model(self) -> None:
+        """Build the network once; under ZeRO-3 this runs inside ``deepspeed.zero.Init``."""
+        if self.model is None:
+            self.model = self.build_network()
+
+    def build_network(self) -> nn.Module:
+        """The task's network, built from its hyper-parameters."""
+        raise NotImplementedError
 
     def _apply(self, fn: Callable[[Tensor], Tensor], *args: Any, **kwargs: Any) -> TaskModule:
         # Metric attributes sit out of the conversion and only follow the device: states keep their dtypes.
@@ -84,7 +93,11 @@ class LanguageTask(TaskModule):
     token-mean training loss from ``_nll``, and validation loss and perplexity from ``val_perplexity``."""
 
     _tokenizer: PreTrainedTokenizerBase | None = None
-    val_perplexity: TokenPerplexity
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.model: nn.Module | None = None
+        self.val_perplexity = TokenPerplexity()
 
     @property
     def tokenizer(self) -> PreTrainedTokenizerBase:

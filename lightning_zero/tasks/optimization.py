@@ -4,6 +4,7 @@ linear warm-up then linear decay to 0 per optimizer step (``transformers.get_lin
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 from lightning.pytorch import LightningModule
@@ -24,7 +25,7 @@ def decay_parameter_names(model: nn.Module) -> set[str]:
     return set(get_parameter_names(model, ALL_LAYERNORM_LAYERS, NO_DECAY_PATTERNS))
 
 
-def parameter_groups(model: nn.Module, weight_decay: float) -> list[dict[str, object]]:
+def parameter_groups(model: nn.Module, weight_decay: float) -> list[dict[str, Any]]:
     """Two AdamW groups of the trainable parameters: with ``weight_decay``, and biases/norm weights without."""
     decayed = decay_parameter_names(model)
     decay = [p for name, p in model.named_parameters() if p.requires_grad and name in decayed]

@@ -13,13 +13,13 @@ import argparse
 import sys
 from dataclasses import astuple, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import lightning as L
 import torch
-from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 
 import lightning_zero  # noqa: F401  (registers the presets)
 from lightning_zero.memory.footprint import rank_footprint
@@ -46,9 +46,9 @@ def make_strategy(spec: str) -> Any:
 
 
 def make_trainer(
-    spec: str, length: Length, precision: str, checkpoint_dir: Path | None = None, accelerator: str = "cpu"
+    spec: str, length: Length, precision: Any, checkpoint_dir: Path | None = None, accelerator: str = "cpu"
 ) -> L.Trainer:
-    callbacks = []
+    callbacks: list[Callback] = []
     if checkpoint_dir is not None:
         callbacks.append(ModelCheckpoint(dirpath=checkpoint_dir, save_on_train_epoch_end=True, save_top_k=-1))
     return L.Trainer(
@@ -88,7 +88,7 @@ def train(
         first = make_trainer(spec, Length(epochs=resume_after_epoch), precision, checkpoint_dir, accelerator)
         first.fit(module)
         assert first.checkpoint_callback is not None
-        checkpoint = first.checkpoint_callback.best_model_path
+        checkpoint = cast(ModelCheckpoint, first.checkpoint_callback).best_model_path
         L.seed_everything(7)
         module = TinyLM()
         trainer = make_trainer(spec, length, precision, accelerator=accelerator)

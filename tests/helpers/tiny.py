@@ -37,7 +37,9 @@ class TinyLM(L.LightningModule):
     The model is built in ``__init__`` so that every strategy starts from the same weights.
     """
 
-    def __init__(self, lr: float = 1e-2, weight_decay: float = 0.01, scheduler: bool = True, batch_size: int = 4):
+    def __init__(
+        self, lr: float = 1e-2, weight_decay: float = 0.01, scheduler: bool = True, batch_size: int = 4
+    ) -> None:
         super().__init__()
         self.save_hyperparameters()
         torch.manual_seed(0)
@@ -56,11 +58,13 @@ class TinyLM(L.LightningModule):
         return loss
 
     def configure_optimizers(self) -> Any:
-        optimizer = torch.optim.AdamW(self.parameters(), lr=self.hparams.lr, weight_decay=self.hparams.weight_decay)
-        if not self.hparams.scheduler:
+        optimizer = torch.optim.AdamW(
+            self.parameters(), lr=self.hparams["lr"], weight_decay=self.hparams["weight_decay"]
+        )
+        if not self.hparams["scheduler"]:
             return optimizer
         scheduler = torch.optim.lr_scheduler.LinearLR(optimizer, start_factor=1.0, end_factor=0.5, total_iters=20)
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 
     def train_dataloader(self) -> DataLoader:
-        return DataLoader(token_data(), batch_size=self.hparams.batch_size, shuffle=False)
+        return DataLoader(token_data(), batch_size=self.hparams["batch_size"], shuffle=False)
