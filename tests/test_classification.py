@@ -201,7 +201,8 @@ def test_minilm_learns_movie_review_sentiment_in_60_steps(tmp_path: Path) -> Non
     )
     task = SequenceClassificationTask(model=MINILM, learning_rate=2e-4, warmup_ratio=0.1)
     trainer = L.Trainer(
-        accelerator="cpu", devices=1, max_steps=60, precision=cpu_precision().precision, logger=False,
+        accelerator="cpu", devices=1, max_steps=60, precision=cpu_precision().precision,  # type: ignore[arg-type]
+        logger=False,
         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
         default_root_dir=tmp_path,
     )  # fmt: skip

@@ -74,9 +74,9 @@ def load_distribution(name: str, path: Path = LENGTHS_FILE) -> LengthDistributio
 
 
 def _review_texts() -> list[str]:
-    from lightning_zero.data.text_corpus import rotten_tomatoes_texts
+    from lightning_zero.data.corpora import corpus_texts
 
-    return rotten_tomatoes_texts()
+    return list(corpus_texts("rotten-tomatoes"))
 
 
 def _wordpiece() -> Any:

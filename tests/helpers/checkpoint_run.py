@@ -139,7 +139,7 @@ def wait_in_save(marker: Path, step: int) -> None:
             marker.write_text(str(os.getpid()))
             time.sleep(3600)
 
-    atomic.fsync_tree = stalling_fsync_tree  # type: ignore[assignment]
+    atomic.fsync_tree = stalling_fsync_tree
 
 
 def restart(spec: str, args: argparse.Namespace) -> dict[str, Any] | None:
