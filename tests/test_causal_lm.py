@@ -27,6 +27,7 @@ from lightning_zero.errors import ZeroConfigError
 from lightning_zero.tasks.causal_lm import CausalLMTask
 from lightning_zero.tasks.metrics import TokenPerplexity, bleu_metric, token_nll
 from tests.helpers.runif import RunIf
+from tests.helpers.trainer import quiet_trainer
 
 TOKENIZER = "bpe:chitchat:1024"
 WORKER_TIMEOUT_S = 240
@@ -134,14 +135,9 @@ def test_causal_lm_learns_on_chitchat(cache_dir: str) -> None:
     common: dict[str, Any] = {"tokenizer": TOKENIZER, "tokenizer_cache_dir": cache_dir}
     dm = TextBlocksDataModule(block_size=64, batch_size=16, limit_train=800, limit_val=32, **common)
     task = CausalLMTask(model="shape:tiny-gpt2", learning_rate=3e-3, **common)
-    trainer = L.Trainer(
-        accelerator="cpu",
+    trainer = quiet_trainer(
         devices=1,
         max_steps=30,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
         num_sanity_val_steps=0,
     )
     before = trainer.validate(task, dm, verbose=False)[0]["val_loss"]
@@ -185,7 +181,6 @@ def _reference_metrics() -> dict[str, float]:
 
 
 def _parity_worker(out: str, runs: list[str]) -> None:
-    import lightning as L
     from torch.utils.data import DataLoader
 
     import lightning_zero  # noqa: F401  (registers zero2/zero3)
@@ -211,14 +206,10 @@ def _parity_worker(out: str, runs: list[str]) -> None:
     results = {}
     for run in runs:
         strategy, precision = run.split("@")
-        trainer = L.Trainer(
-            accelerator="cpu",
+        trainer = quiet_trainer(
             devices=2,
             strategy=strategy,
-            precision=precision,  # type: ignore[arg-type]
-            logger=False,
-            enable_progress_bar=False,
-            enable_model_summary=False,
+            precision=precision,
         )
         trainer.validate(FixedPredictions(), verbose=False)
         results[run] = {key: value.item() for key, value in trainer.callback_metrics.items()}

@@ -11,7 +11,6 @@ import json
 import re
 from pathlib import Path
 
-import lightning as L
 import pytest
 import torch
 from tokenizers import Tokenizer
@@ -26,6 +25,7 @@ from lightning_zero.checkpoint.validate import check_checkpoint
 from lightning_zero.cli import main
 from lightning_zero.errors import ZeroConfigError
 from tests.helpers.tiny import TinyLM
+from tests.helpers.trainer import quiet_trainer
 
 TINY = "tests/data/cli_tiny.yaml"
 
@@ -33,14 +33,9 @@ TINY = "tests/data/cli_tiny.yaml"
 @pytest.fixture(scope="module")
 def good_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = tmp_path_factory.mktemp("good") / "one-step.ckpt"
-    trainer = L.Trainer(
-        accelerator="cpu",
+    trainer = quiet_trainer(
         devices=1,
         max_steps=1,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
     )
     trainer.fit(TinyLM())
     trainer.save_checkpoint(path)

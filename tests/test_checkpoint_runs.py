@@ -40,6 +40,7 @@ from lightning_zero.cli import main
 from tests.helpers.backend_runs import ShortEpochLM
 from tests.helpers.checkpoint_run import DropoutLM
 from tests.helpers.launch import REPO, run_script
+from tests.helpers.trainer import quiet_trainer
 
 RUNNER = Path(__file__).parent / "helpers" / "checkpoint_run.py"
 STRATEGIES = [
@@ -91,14 +92,11 @@ def fit(steps: int, directory: Path, ckpt_path: str | None = None, **saving: Any
     L.seed_everything(7, verbose=False)
     module = ShortEpochLM()  # 48 samples, 12 steps an epoch in one process
     saver = ModelCheckpoint(dirpath=directory, save_last=True, save_top_k=-1, **saving)
-    trainer = L.Trainer(
-        accelerator="cpu",
+    trainer = quiet_trainer(
         devices=1,
         max_steps=steps,
-        logger=False,
         callbacks=[saver, ExactResume()],
-        enable_progress_bar=False,
-        enable_model_summary=False,
+        enable_checkpointing=True,
     )
     trainer.fit(module, ckpt_path=ckpt_path)
     return module

@@ -13,6 +13,8 @@ from typing import Any
 
 import pytest
 
+from tests.helpers.trainer import quiet_trainer
+
 LR, WEIGHT_DECAY, BETAS, STEPS = 3e-3, 0.05, (0.8, 0.9), 3
 DS_CONFIG: dict[str, Any] = {
     "train_micro_batch_size_per_gpu": "auto",
@@ -58,16 +60,10 @@ def _worker(out: str) -> None:
     results = {}
     for stage in (2, 3):
         strategy = ZeroStrategy(deepspeed_config={**DS_CONFIG, "zero_optimization": {"stage": stage}})
-        trainer = L.Trainer(
-            accelerator="cpu",
+        trainer = quiet_trainer(
             devices=1,
             strategy=strategy,
-            precision="32-true",
             max_steps=STEPS,
-            logger=False,
-            enable_checkpointing=False,
-            enable_progress_bar=False,
-            enable_model_summary=False,
         )
         module = BuiltLate()
         trainer.fit(module)

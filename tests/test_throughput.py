@@ -12,6 +12,7 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from lightning_zero.callbacks.throughput import ZeroThroughputMonitor, samples_in, tokens_in
+from tests.helpers.trainer import quiet_trainer
 
 BATCH, LENGTH, VOCAB, WIDTH = 4, 16, 50, 32
 
@@ -38,15 +39,12 @@ class TokenModel(L.LightningModule):
 
 
 def fit(module: L.LightningModule, monitor: ZeroThroughputMonitor) -> L.Trainer:
-    trainer = L.Trainer(
-        accelerator="cpu",
+    trainer = quiet_trainer(
         devices=1,
         max_steps=6,
         callbacks=[monitor],
-        logger=False,
-        enable_checkpointing=False,
-        enable_model_summary=False,
         log_every_n_steps=1,
+        enable_progress_bar=True,
     )
     trainer.fit(module)
     return trainer

@@ -40,6 +40,7 @@ import lightning_zero  # noqa: F401  (registers the presets)
 from lightning_zero.memory.footprint import rank_footprint
 from lightning_zero.strategies.presets import build_preset, preset_names
 from tests.helpers.tiny import TinyLM, token_data
+from tests.helpers.trainer import quiet_trainer
 
 REPO = Path(__file__).resolve().parents[2]
 SWITCH_CONFIG = REPO / "configs" / "backend_switch.yaml"
@@ -79,18 +80,15 @@ def make_trainer(
     callbacks: list[Any] | None = None,
     clip: float | None = None,
 ) -> L.Trainer:
-    return L.Trainer(
+    return quiet_trainer(
         accelerator=ACCELERATOR,
         devices=devices,
         strategy=strategy,
         precision=precision,
         max_steps=steps,
         gradient_clip_val=clip,
-        logger=False,
         callbacks=callbacks,
         enable_checkpointing=bool(callbacks),
-        enable_progress_bar=False,
-        enable_model_summary=False,
     )
 
 

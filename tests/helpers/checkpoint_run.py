@@ -43,6 +43,7 @@ from lightning_zero.checkpoint import atomic
 from lightning_zero.checkpoint.resume import ExactResume
 from tests.helpers.backend_runs import ShortEpochLM
 from tests.helpers.tiny import TinyLM, tiny_gpt2_config, token_data
+from tests.helpers.trainer import quiet_trainer
 
 SAMPLES = 48  # 6 steps an epoch at 2 processes x 4 samples
 DROPOUT = {"resid_pdrop": 0.1, "embd_pdrop": 0.1, "attn_pdrop": 0.1}
@@ -63,16 +64,12 @@ class DropoutLM(TinyLM):
 
 
 def make_trainer(strategy: Any, devices: int, steps: int, callbacks: list[Any]) -> L.Trainer:
-    return L.Trainer(
-        accelerator="cpu",
+    return quiet_trainer(
         devices=devices,
         strategy=strategy,
-        precision="32-true",
         max_steps=steps,
-        logger=False,
         callbacks=callbacks,
-        enable_progress_bar=False,
-        enable_model_summary=False,
+        enable_checkpointing=True,
     )
 
 

@@ -26,6 +26,7 @@ import lightning_zero  # noqa: F401  (registers the presets)
 from lightning_zero.callbacks.batch_size import ZeroBatchSizeFinder
 from lightning_zero.errors import ZeroConfigError
 from lightning_zero.strategies import build_preset
+from tests.helpers.trainer import quiet_trainer
 
 MIB_PER_SAMPLE = 1
 BUDGET_MIB = {0: 10, 1: 6}  # rank 1 has the smaller emulated budget: both must stop at 6
@@ -73,18 +74,12 @@ def within_emulated_budget(trainer: L.Trainer, module: L.LightningModule, micro_
 
 
 def trainer_for(strategy: Any, callbacks: list[Any], accumulate: int = 1) -> L.Trainer:
-    return L.Trainer(
-        accelerator="cpu",
+    return quiet_trainer(
         devices=2,
         strategy=strategy,
-        precision="32-true",
         max_steps=STEPS,
         accumulate_grad_batches=accumulate,
         callbacks=callbacks,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
     )
 
 
@@ -115,16 +110,10 @@ def run_auto(cache_file: Path, batch_size: int | str | None) -> dict[str, Any]:
     module = Hungry(batch_size=4)
     zero = {"memory_budget_gib": 1, "max_trials": 2, "trial_steps": 1, "cache_file": str(cache_file)}
     strategy = build_preset("zero_auto", **zero, batch_size=batch_size)
-    trainer = L.Trainer(
-        accelerator="cpu",
+    trainer = quiet_trainer(
         devices=2,
         strategy=strategy,
-        precision="32-true",
         max_steps=STEPS,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
     )
     trainer.fit(module)
     assert strategy.chosen is not None

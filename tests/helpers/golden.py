@@ -28,6 +28,7 @@ import torch
 from lightning.pytorch.callbacks import Callback
 
 import lightning_zero  # noqa: F401  (registers the presets)
+from tests.helpers.trainer import quiet_trainer
 
 STEPS = 5
 SEED = 42
@@ -98,19 +99,13 @@ def run_case(case: str, cache_dir: str | None) -> dict[str, Any] | None:
     L.seed_everything(SEED, verbose=False)
     task, data = BUILDERS[task_name](cache_dir)
     recorder = LossRecorder()
-    trainer = L.Trainer(
-        accelerator="cpu",
+    trainer = quiet_trainer(
         devices=2,
         strategy=BACKENDS[backend],
-        precision="32-true",
         max_steps=STEPS,
         limit_val_batches=0,
         num_sanity_val_steps=0,
-        logger=False,
         callbacks=[recorder],
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
     )
     trainer.fit(task, data)
     if not trainer.is_global_zero:

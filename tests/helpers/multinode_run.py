@@ -18,6 +18,7 @@ import torch
 
 import lightning_zero  # noqa: F401  (registers the presets)
 from tests.helpers.tiny import TinyLM
+from tests.helpers.trainer import quiet_trainer
 
 STEPS = 4
 
@@ -26,17 +27,11 @@ def train(strategy: str, nodes: int, devices: int) -> tuple[list[float], str]:
     """Rank 0's per-step losses (mean over ranks) and the cluster environment Lightning chose."""
     L.seed_everything(7)
     module = TinyLM()
-    trainer = L.Trainer(
-        accelerator="cpu",
+    trainer = quiet_trainer(
         num_nodes=nodes,
         devices=devices,
         strategy=strategy,
-        precision="32-true",
         max_steps=STEPS,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
     )
     trainer.fit(module)
     assert trainer.world_size == nodes * devices and trainer.num_nodes == nodes

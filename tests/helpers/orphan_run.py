@@ -23,6 +23,7 @@ import torch
 
 import lightning_zero  # noqa: F401  (registers the presets)
 from tests.helpers.tiny import TinyLM
+from tests.helpers.trainer import quiet_trainer
 
 
 class FailAtStep(L.Callback):
@@ -46,16 +47,10 @@ class FailAtStep(L.Callback):
 def main() -> None:
     out, strategy, rank, how = Path(sys.argv[1]), sys.argv[2], int(sys.argv[3]), sys.argv[4]
     torch.set_num_threads(1)
-    trainer = L.Trainer(
-        accelerator="cpu",
+    trainer = quiet_trainer(
         devices=2,
         strategy=strategy,
-        precision="32-true",
         max_steps=100_000,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
         callbacks=[FailAtStep(out, rank, how)],
     )
     trainer.fit(TinyLM())

@@ -25,6 +25,7 @@ import lightning_zero  # noqa: F401  (registers the presets)
 from lightning_zero.memory.footprint import rank_footprint
 from lightning_zero.strategies import ZeroStrategy, build_preset
 from tests.helpers.tiny import TinyLM
+from tests.helpers.trainer import quiet_trainer
 
 
 @dataclass(frozen=True)
@@ -51,18 +52,15 @@ def make_trainer(
     callbacks: list[Callback] = []
     if checkpoint_dir is not None:
         callbacks.append(ModelCheckpoint(dirpath=checkpoint_dir, save_on_train_epoch_end=True, save_top_k=-1))
-    return L.Trainer(
+    return quiet_trainer(
         accelerator=accelerator,
         devices=2,
         strategy=make_strategy(spec),
         precision=precision,
         max_steps=length.steps,
         max_epochs=length.epochs,
-        logger=False,
         enable_checkpointing=checkpoint_dir is not None,
         callbacks=callbacks,
-        enable_progress_bar=False,
-        enable_model_summary=False,
     )
 
 

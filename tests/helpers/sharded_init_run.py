@@ -23,6 +23,7 @@ from transformers import AutoModelForSequenceClassification, BertConfig
 
 import lightning_zero  # noqa: F401  (registers the presets)
 from tests.helpers.tiny import token_data
+from tests.helpers.trainer import quiet_trainer
 
 WEIGHT = "model.bert.encoder.layer.0.attention.self.query.weight"
 
@@ -53,15 +54,10 @@ class LateBert(L.LightningModule):
 def main() -> None:
     out, strategy = Path(sys.argv[1]), sys.argv[2]
     L.seed_everything(0)
-    trainer = L.Trainer(
-        accelerator="cpu",
+    trainer = quiet_trainer(
         devices=2,
         strategy=strategy,
         max_steps=1,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
     )
     module = LateBert()
     trainer.fit(module)
