@@ -324,10 +324,12 @@ def test_a_data_error_is_one_cli_error_line(tmp_path: Path, capsys: pytest.Captu
 
     config = Path(__file__).parent / "data" / "cli_tiny.yaml"
     data = "lightning_zero.data.text_files.TextClassificationFilesDataModule"
-    missing = str(tmp_path / "missing.csv")
+    empty = tmp_path / "empty.csv"  # exists, so only the data module can find what is wrong with it
+    empty.write_text("text,label\n")
     status = main(
         ["fit", "--config", str(config), "--trainer.devices", "1", "--trainer.strategy", "single_device",
-         "--trainer.default_root_dir", str(tmp_path), "--data", data, "--data.train_file", missing]
+         "--trainer.default_root_dir", str(tmp_path), "--data", data, "--data.train_file", str(empty)]
     )  # fmt: skip
     error = capsys.readouterr().err.strip().splitlines()
-    assert status == 2 and error[-1].startswith("error: Data file") and "does not exist" in error[-1]
+    assert status == 2 and error[-1].startswith("error: ") and "empty.csv" in error[-1], error[-3:]
+    assert "Traceback" not in "\n".join(error)

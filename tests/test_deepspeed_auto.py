@@ -11,6 +11,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # also run as a worker script
+
 import pytest
 
 from tests.helpers.trainer import quiet_trainer
