@@ -152,7 +152,7 @@ SUBCOMMANDS = {
     "strategies": "lightning_zero.cli:strategies_command",
     "build-ops": "lightning_zero.cli:build_ops_command",
     "chat": "lightning_zero.chat:main",
-    "plan": "lightning_zero.memory.plan:main",
+    "plan": "lightning_zero.plan_command:main",
     "consolidate": "lightning_zero.checkpoint.consolidate:main",
 }
 

@@ -1,0 +1,144 @@
+"""``lightning-zero plan``: the memory plan of a YAML config's model and data, on this machine.
+
+    lightning-zero plan --config configs/gpt2xl_offload.yaml --budget-gib 24
+    lightning-zero plan --config configs/quickstart.yaml --budget-gib 4 --devices 2
+
+It builds the config through the CLI, probes one batch (:mod:`lightning_zero.memory.probe`) and prints
+:func:`lightning_zero.memory.plan.make_plan`'s table. It sits above the CLI so that the memory modules, which
+``zero_auto`` uses, never import it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import warnings
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import yaml
+from lightning.pytorch import LightningModule
+
+from lightning_zero.cli import ZeroCLI
+from lightning_zero.errors import ZeroConfigError
+from lightning_zero.memory.budget import GIB
+from lightning_zero.memory.plan import PlanRow, format_plan, make_plan
+from lightning_zero.memory.probe import ActivationProbe, probe_activations, to_device, training_loss
+from lightning_zero.memory.states import ParameterShapes
+
+
+@dataclass(frozen=True)
+class ConfigPlan:
+    """A planned YAML config: its devices, precision and micro-batch, the probe, and the rows."""
+
+    devices: int
+    nodes: int
+    precision: str
+    micro_batch: int
+    budget_gib: float
+    probe: ActivationProbe
+    rows: list[PlanRow]
+
+
+def _trainer_section(path: Path) -> dict[str, Any]:
+    if not path.is_file():
+        raise ZeroConfigError(f"Config file {str(path)!r} does not exist: pass an existing YAML file to --config.")
+    loaded = yaml.safe_load(path.read_text()) or {}
+    return dict(loaded.get("trainer") or {})
+
+
+def _budget_from(trainer: dict[str, Any], budget_gib: float | None, device: torch.device) -> float:
+    if budget_gib is not None:
+        return budget_gib
+    strategy = trainer.get("strategy")
+    zero = strategy.get("init_args", {}).get("zero", {}) if isinstance(strategy, dict) else {}
+    if zero.get("memory_budget_gib"):
+        return float(zero["memory_budget_gib"])
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).total_memory / GIB
+    raise ZeroConfigError("No memory budget on CPU: give one with --budget-gib (e.g. --budget-gib 24).")
+
+
+def plan_for_config(
+    path: str | Path, budget_gib: float | None = None, devices: int | None = None, nodes: int | None = None
+) -> ConfigPlan:
+    """Build the config's model and data, probe one batch on this machine's device, and plan every layout."""
+    config = Path(path)
+    trainer = _trainer_section(config)
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    precision = str(trainer.get("precision", "32-true"))
+    overrides = ["--trainer.accelerator", "cpu", "--trainer.devices", "1", "--trainer.strategy", "ddp"]
+    overrides += ["--trainer.precision", "32-true", "--trainer.logger", "false"]
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*args parameter is intended")
+        cli = ZeroCLI(args=["--config", str(config), *overrides], run=False)
+    module = cli.model
+    module.trainer = cli.trainer
+    module.configure_model()
+    module.to(device)
+    batch = _first_batch(module, cli.datamodule)
+    micro_batch = len(next(iter(batch.values())) if isinstance(batch, dict) else batch[0])
+    probe = probe_activations(module, training_loss(module), to_device(batch, device), precision, device)
+    budget = _budget_from(trainer, budget_gib, device)
+    devices = devices or _count(trainer.get("devices", 1))
+    nodes = nodes or int(trainer.get("num_nodes", 1))
+    rows = make_plan(ParameterShapes.of(module), probe, budget, devices, nodes, precision, micro_batch)
+    return ConfigPlan(devices, nodes, precision, micro_batch, budget, probe, rows)
+
+
+def _first_batch(module: LightningModule, data: Any) -> Any:
+    source = data if data is not None else module
+    if data is not None:
+        data.prepare_data()
+        data.setup("fit")
+    return next(iter(source.train_dataloader()))
+
+
+def _count(devices: Any) -> int:
+    if isinstance(devices, (list, tuple)):
+        return len(devices)
+    if isinstance(devices, int) and devices > 0:
+        return devices
+    if isinstance(devices, str) and devices.isdigit():
+        return int(devices)
+    return torch.cuda.device_count() if torch.cuda.is_available() else 1
+
+
+def _positive(kind: type) -> Any:
+    def parse(text: str) -> Any:
+        value = kind(text)
+        if value <= 0 or not math.isfinite(value):
+            raise argparse.ArgumentTypeError(f"must be positive, got {text}")
+        return value
+
+    return parse
+
+
+def main(argv: Sequence[str]) -> int:
+    """``lightning-zero plan``: print the table for a config; exit status 0."""
+    parser = argparse.ArgumentParser(
+        prog="lightning-zero plan", description=__doc__.splitlines()[0], exit_on_error=False, allow_abbrev=False
+    )
+    parser.add_argument("--config", help="a fit YAML config (model and data are built from it)")
+    parser.add_argument("--budget-gib", type=_positive(float), help="memory per device; default: config or device")
+    parser.add_argument("--devices", type=_positive(int), help="devices per node; default: the config's")
+    parser.add_argument("--nodes", type=_positive(int), help="nodes; default: the config's")
+    try:
+        args, unknown = parser.parse_known_args(list(argv))
+    except argparse.ArgumentError as error:
+        raise ZeroConfigError(f"plan: {error}") from None
+    if unknown:
+        raise ZeroConfigError(f"plan: unknown arguments {unknown}: use --config, --budget-gib, --devices, --nodes.")
+    if args.config is None:
+        raise ZeroConfigError("plan needs a config: lightning-zero plan --config X.yaml [--budget-gib 24].")
+    result = plan_for_config(args.config, args.budget_gib, args.devices, args.nodes)
+    print(
+        f"{result.devices} device(s) x {result.nodes} node(s), {result.precision};"
+        f" activations per sample {result.probe.per_sample / 2**20:.2f} MiB,"
+        f" {result.probe.per_sample_checkpointed / 2**20:.2f} MiB checkpointed ({result.probe.method})"
+    )
+    print(format_plan(result.rows, result.budget_gib, result.micro_batch))
+    return 0
