@@ -3,7 +3,8 @@
 Silenced while :func:`quiet_libraries` is active, unless ``verbose`` or Python's own ``-W`` options are given:
 LightningCLI's warning about ``args`` (our entry point passes ``sys.argv`` on purpose), DeepSpeed's "unable to
 detect accelerator" on CPU, torch's deprecation warnings for the collectives DeepSpeed and FairScale call
-(hundreds per run), Lightning's tree-spec deprecation and its advertising tips.
+(hundreds per run), Lightning's tree-spec deprecation and its advertising tips, and transformers' load report
+when all it lists is newly initialised weights (the head a fine-tune adds; one report per rank).
 """
 
 from __future__ import annotations
@@ -44,14 +45,23 @@ class _DropRecords(logging.Filter):
         return not any(fragment in message for fragment in self.fragments)
 
 
+class _DropRoutineLoadReports(logging.Filter):
+    """Drops transformers' load report unless it lists unexpected, mismatched or converted weights."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        return "LOAD REPORT" not in message or any(word in message for word in ("UNEXPECTED", "MISMATCH", "CONVERSION"))
+
+
 @contextmanager
 def quiet_libraries(verbose: bool = False) -> Iterator[None]:
-    """Silence :data:`NOISY_WARNINGS` and :data:`NOISY_LOG_RECORDS` meanwhile; ``verbose`` (or ``python -W``) keeps
-    them."""
+    """Silence :data:`NOISY_WARNINGS`, :data:`NOISY_LOG_RECORDS` and routine load reports meanwhile; ``verbose``
+    (or ``python -W``) keeps them."""
     if verbose or sys.warnoptions:
         yield
         return
-    filters = {name: _DropRecords(fragments) for name, fragments in NOISY_LOG_RECORDS.items()}
+    filters: dict[str, logging.Filter] = {name: _DropRecords(texts) for name, texts in NOISY_LOG_RECORDS.items()}
+    filters["transformers.modeling_utils"] = _DropRoutineLoadReports()
     with warnings.catch_warnings():
         for pattern, category in NOISY_WARNINGS:
             warnings.filterwarnings("ignore", message=pattern, category=category)

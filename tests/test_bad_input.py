@@ -286,3 +286,18 @@ def test_quiet_ends_with_the_run(caplog: pytest.LogCaptureFixture) -> None:
 def test_verbose_is_not_passed_on_to_lightning(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["strategies", "--verbose"]) == 0
     assert "zero2" in capsys.readouterr().out
+
+
+def test_a_load_report_of_a_new_head_is_dropped_and_one_of_unexpected_weights_kept() -> None:
+    logger = logging.getLogger("transformers.modeling_utils")
+    seen: list[str] = []
+    handler = logging.Handler()
+    handler.emit = lambda record: seen.append(record.getMessage())  # type: ignore[method-assign]
+    logger.addHandler(handler)
+    try:
+        with quiet_libraries():
+            logger.warning("BertForSequenceClassification LOAD REPORT from: x\nclassifier.bias | MISSING |")
+            logger.warning("BertModel LOAD REPORT from: x\npooler.dense.bias | UNEXPECTED |")
+    finally:
+        logger.removeHandler(handler)
+    assert seen == ["BertModel LOAD REPORT from: x\npooler.dense.bias | UNEXPECTED |"]

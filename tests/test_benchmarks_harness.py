@@ -90,3 +90,21 @@ def test_one_process_measures_dynamic_lengths_padded_per_batch(tmp_path: Path) -
     worst = load_distribution("reviews").worst(32, 32)
     assert all(step["source"] <= worst[0] and step["target"] <= worst[1] for step in steps)
     assert any(step["tokens"] < 5 * (step["source"] + step["target"]) for step in steps), "padding is counted apart"
+
+
+@pytest.mark.timeout(240)
+def test_set_batch_rows_skip_the_search_and_zero_auto_rows_report_their_choice(tmp_path: Path) -> None:
+    out = tmp_path / "auto"
+    labels = "zero2@4,zero_auto@4,zero_auto+max"
+    main(["run", "--out", str(out), "--experiments", "tiny-gpt2", "--strategies", labels, *COMMON])
+    rows = {row["strategy"]: row for row in _results(out)}
+    assert all(row["status"] == "ok" for row in rows.values()), {k: r.get("error") for k, r in rows.items()}
+    assert rows["zero2@4"]["measure"]["batch"] == 4 and "search_trials" not in rows["zero2@4"]
+    auto = rows["zero_auto@4"]["measure"]["auto"]
+    micro = rows["zero_auto@4"]["measure"]["batch"]
+    assert micro * auto["accumulation"] == 4, "zero_auto keeps the dataloader's batch as the global batch"
+    assert len(auto["trials"]) == 2 and auto["chosen"] in {name for name, *_ in auto["trials"]}
+    assert rows["zero_auto+max"]["measure"]["batch"] > 4, "batch_size max trains a larger micro-batch"
+    table = (out / "table.md").read_text()
+    assert f"| zero_auto@4 | {micro} (zero_auto chose {auto['chosen']}) |" in table
+    assert "| tiny-gpt2 | zero_auto@4 (" in table and "vs zero2@4 |" in table

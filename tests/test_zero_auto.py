@@ -20,6 +20,7 @@ from lightning_zero.memory.search import (
     candidates,
     choose,
     format_trials,
+    halved,
 )
 from lightning_zero.memory.states import Layout, ModelStates
 from lightning_zero.strategies.auto import AutoZeroConfig, ZeroAutoStrategy, deepspeed_config_for
@@ -91,6 +92,16 @@ def test_choice_is_the_fastest_that_fits_and_deterministic() -> None:
 def test_nothing_fitting_is_a_one_line_error() -> None:
     with pytest.raises(ZeroConfigError, match=r"no configuration that fits .*zero2_offload\+ckpt 64x1 pinned: out of"):
         choose([measured(ZERO2_OFFLOAD_CKPT, 64, 0.0, fits=False)])
+
+
+def test_what_did_not_fit_is_retried_at_half_the_micro_batch() -> None:
+    trials = [measured(ZERO2_OFFLOAD_CKPT, 64, 0.0, fits=False), measured(ZERO2_OFFLOAD, 16, 9.0)]
+    (smaller,) = halved(trials, keep_global_batch=False)
+    assert (smaller.layout, smaller.micro_batch, smaller.accumulation) == (ZERO2_OFFLOAD_CKPT, 32, 1)
+    (kept,) = halved(trials, keep_global_batch=True)
+    assert (kept.micro_batch, kept.accumulation) == (32, 2), "the global batch stays 64"
+    odd = [measured(ZERO2_OFFLOAD, 5, 0.0, fits=False), measured(ZERO2_OFFLOAD, 1, 0.0, fits=False)]
+    assert halved(odd, keep_global_batch=True) == [] and halved(odd, keep_global_batch=False)[0].micro_batch == 2
 
 
 def test_candidate_round_trips_through_the_cache_format() -> None:

@@ -45,6 +45,8 @@ class StrategySpec:
         hf_checkpointing: Call Hugging Face's ``gradient_checkpointing_enable()`` in the module, by hand, as a
             Lightning user would with Lightning's own strategies.
         start: The first micro-batch the search tries.
+        batch: Measure at this batch per device, without a search (``zero_auto`` rows: the dataloader's batch,
+            which it keeps as the global batch unless ``zero`` says ``batch_size: max``).
     """
 
     label: str
@@ -53,6 +55,12 @@ class StrategySpec:
     zero: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     hf_checkpointing: bool = False
     start: int = 1
+    batch: int | None = None
+
+    @property
+    def loader_driven(self) -> bool:
+        """Whether the dataloader sets the micro-batch (``zero_auto`` chooses it) rather than the harness."""
+        return self.kind == "auto"
 
     @property
     def offloads(self) -> bool:
@@ -138,7 +146,9 @@ ZERO2 = StrategySpec("zero2", "ours", "zero2")
 ZERO2_AC = StrategySpec("zero2+ac", "ours", "zero2", _AC, start=8)
 FAIRSCALE2 = StrategySpec("zero2_fairscale", "fairscale", "zero2_fairscale")
 FSDP2_AC = StrategySpec("zero3_fsdp+ac", "fsdp2", "zero3_fsdp", _AC, start=8)
-GPU_ONLY = (SINGLE, LIGHTNING_DS2, LIGHTNING_DS2_GC, ZERO2_AC, ZERO2, FAIRSCALE2, FSDP2_AC)
+#: ``zero_auto`` with no flags at a global batch, and with ``batch_size: max``.
+ZERO_AUTO_MAX = StrategySpec("zero_auto+max", "auto", "zero_auto", {"batch_size": "max"}, batch=1)
+GPU_ONLY = (SINGLE, LIGHTNING_DS2, LIGHTNING_DS2_GC, ZERO2_AC, ZERO2, FAIRSCALE2, FSDP2_AC, ZERO_AUTO_MAX)
 
 _MRPC = "Lightning's DeepSpeed/FairScale report (DeBERTa-v2-xlarge on MRPC, BlenderBot, GPT-2 XL), 2 GPUs"
 _HF = "Hugging Face 'Fit More and Train Faster With ZeRO via DeepSpeed and FairScale' (t5-large 2 GPUs, t5-3b 1 GPU)"
@@ -157,6 +167,8 @@ EXPERIMENTS: tuple[Experiment, ...] = (
             StrategySpec("zero2_offload+ac", "ours", "zero2_offload", _AC, start=8),
             StrategySpec("zero2_offload+ac+pin", "ours", "zero2_offload", {**_AC, "pin_memory": True}, start=8),
             StrategySpec("lightning_ds2_offload", "lightning", "deepspeed_stage_2_offload", start=4),
+            StrategySpec("zero_auto@20", "auto", "zero_auto", batch=20),
+            ZERO_AUTO_MAX,
         ),
         anchor="lightning_ds2_offload+hf_gc",
         report=(ReportRow("plain", None), ReportRow("ZeRO-2 + CPU offload + activation checkpointing", 20, 8.85)),
@@ -177,6 +189,10 @@ EXPERIMENTS: tuple[Experiment, ...] = (
             StrategySpec(
                 "lightning_ds3_offload+hf_gc", "lightning", "deepspeed_stage_3_offload", hf_checkpointing=True, start=16
             ),
+            StrategySpec("zero3_offload@16", "ours", "zero3_offload", batch=16),
+            StrategySpec("zero2_offload@16", "ours", "zero2_offload", batch=16),
+            StrategySpec("zero_auto@16", "auto", "zero_auto", batch=16),
+            ZERO_AUTO_MAX,
         ),
         anchor="lightning_ds3_offload",
         report=(ReportRow("DDP", None), ReportRow("ZeRO-3 + CPU offload", 16)),
@@ -231,7 +247,14 @@ SMOKE_EXPERIMENTS: tuple[Experiment, ...] = (
         shape="tiny-gpt2",
         task="causal",
         lengths=(Lengths("fixed", 32),),
-        strategies=(SINGLE, StrategySpec("zero2", "ours", "zero2"), StrategySpec("ddp", "single", "ddp")),
+        strategies=(
+            SINGLE,
+            StrategySpec("zero2", "ours", "zero2"),
+            StrategySpec("ddp", "single", "ddp"),
+            StrategySpec("zero2@4", "ours", "zero2", batch=4),
+            StrategySpec("zero_auto@4", "auto", "zero_auto", {"max_trials": 2, "trial_steps": 1}, batch=4),
+            StrategySpec("zero_auto+max", "auto", "zero_auto", {"batch_size": "max", "max_trials": 1}, batch=1),
+        ),
         anchor="zero2",
         report=(ReportRow("DDP", 4), ReportRow("ZeRO-2", 8)),
         report_gpus=2,

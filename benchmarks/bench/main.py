@@ -1,8 +1,9 @@
-"""Command line of the harness: ``python benchmarks/reproduce.py run|report|lengths|trial|peak``.
+"""Command line of the harness: ``python benchmarks/reproduce.py run|report|lengths|trial|peak|floor``.
 
 ``run`` measures rows (resuming from ``OUT/results.jsonl``) and prints the table last; ``report`` redraws the
 table, CSV and plots from a results folder; ``lengths`` recomputes ``benchmarks/lengths.json`` from shipped
-text; ``trial`` is the worker (started by ``run``); ``peak`` times a large bf16 matrix product on the GPU.
+text; ``trial`` is the worker (started by ``run``); ``peak`` times a large bf16 matrix product on the GPU;
+``floor`` times DeepSpeed's CPU Adam step alone (the floor of an offload step).
 """
 
 from __future__ import annotations
@@ -61,6 +62,9 @@ def _parser() -> argparse.ArgumentParser:
     trial = commands.add_parser("trial", help="(internal) one trial process")
     trial.add_argument("spec")
     commands.add_parser("peak", help="bf16 matrix-product TFLOP/s on this GPU")
+    floor = commands.add_parser("floor", help="seconds per DeepSpeed CPU Adam step over N parameters")
+    floor.add_argument("--parameters", type=float, required=True, help="e.g. 1.56e9 (GPT-2 XL)")
+    floor.add_argument("--steps", type=int, default=3)
     return parser
 
 
@@ -286,8 +290,16 @@ def _summary(record: dict[str, Any]) -> str:
     speed = f"{len(steps) * measure['batch'] * measure.get('world_size', 1) / seconds:.1f} samples/s" if seconds else ""
     return (
         f"{record['row']}: {record['status']} max batch {record['max_batch']} (OOM {record['oom_batch']})"
-        f" {speed} search {record['search_s']} s {record.get('error', '')[-300:]}"
+        f" {speed} search {record.get('search_s', 0)} s {_auto_text(measure)}{record.get('error', '')[-300:]}"
     )
+
+
+def _auto_text(measure: dict[str, Any]) -> str:
+    auto = measure.get("auto")
+    if not auto:
+        return ""
+    tried = "; ".join(f"{name} {f'{rate:.1f}/s' if fits else reason}" for name, fits, rate, reason in auto["trials"])
+    return f"zero_auto chose {auto['chosen']} after {measure.get('setup_s')} s (tried: {tried}) "
 
 
 def report(args: argparse.Namespace) -> None:
@@ -320,5 +332,9 @@ def main(argv: list[str] | None = None) -> None:
         from benchmarks.bench.worker import main as trial_main
 
         trial_main(args.spec)
+    elif args.command == "floor":
+        from benchmarks.bench.floor import cpu_adam_floor
+
+        print(json.dumps(cpu_adam_floor(int(args.parameters), args.steps)))
     else:
         measure_peak()

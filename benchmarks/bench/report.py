@@ -46,6 +46,9 @@ class Metrics:
     profile: Mapping[str, float] | None = None
     session: str = ""
     error: str | None = None
+    fixed_batch: int | None = None
+    auto_chosen: str | None = None
+    auto_plan: Mapping[str, int] | None = None
 
 
 def _session_id(session: Mapping[str, Any]) -> str:
@@ -68,10 +71,16 @@ def metrics(record: Mapping[str, Any], peak_tflops: float = DEFAULT_PEAK_TFLOPS)
         error=record.get("error"),
         measured_batch=record.get("measured_batch"),
         fresh_ooms=tuple(record.get("fresh_ooms", ())),
+        fixed_batch=record.get("fixed_batch"),
     )
     measure = record.get("measure")
     if not measure:
         return base
+    auto = measure.get("auto") or {}
+    if auto:
+        base = dataclasses.replace(
+            base, auto_chosen=str(auto["chosen"]), auto_plan={name: int(batch) for name, batch in auto["plan"]}
+        )
     world = int(measure.get("world_size", 1))
     batch = int(measure["batch"])
     good = [step for step in measure["steps"] if not step["skipped"]]
@@ -162,6 +171,12 @@ def _fmt(value: float | None, digits: int = 2, suffix: str = "") -> str:
 
 def _batch_text(m: Metrics) -> str:
     """The search's bracket, and what a fresh process then fitted (the batch a user's run can use)."""
+    if m.fixed_batch is not None:
+        if m.status == "oom":
+            return f"OOM at {m.fixed_batch} (set)"
+        if m.auto_chosen:
+            return f"{m.measured_batch} (zero_auto chose {m.auto_chosen})"
+        return f"{m.fixed_batch} (set)" if m.status == "ok" else "error"
     if not m.max_batch:
         return "error" if m.status == "error" else f"OOM at {m.oom_batch or 1}"
     text = f">={m.max_batch}" if m.at_limit else str(m.max_batch)
@@ -224,6 +239,60 @@ def _fit_speed(measured: Mapping[str, Any]) -> float | None:
     return len(good) * measured["batch"] * measured.get("world_size", 1) / seconds if seconds else None
 
 
+def plan_layout(label: str) -> str:
+    """The plan's layout name of one of our preset rows (``zero2_offload+ac`` -> ``zero2_offload+ckpt``)."""
+    base = label.split("@")[0].replace("+pin", "")
+    return base.replace("+ac", "+ckpt")
+
+
+def auto_section(rows: Iterable[TableRow]) -> str:
+    """``zero_auto`` against our presets at the same set batch, and its plan against the searched batches."""
+    metrics_list = [row.metrics for row in rows]
+    lines = []
+    for auto in metrics_list:
+        if auto.auto_chosen is None or auto.fixed_batch is None:
+            continue
+        same = [m for m in metrics_list if (m.experiment, m.lengths) == (auto.experiment, auto.lengths)]
+        for other in same:
+            if other.key == auto.key or other.fixed_batch != auto.fixed_batch or other.auto_chosen:
+                continue
+            ratio = _ratio(auto.samples_per_s, other.samples_per_s)
+            mark = " †" if auto.session != other.session else ""
+            lines.append(
+                f"| {auto.experiment} | {auto.strategy} ({auto.auto_chosen}) vs {other.strategy}"
+                f" | {_fmt(auto.samples_per_s, 1)} vs {_fmt(other.samples_per_s, 1)} | {_fmt(ratio)}{mark} |"
+            )
+    plan_lines = []
+    for auto in metrics_list:
+        if not auto.auto_plan or auto.fixed_batch != 1:
+            continue
+        for other in metrics_list:
+            if (other.experiment, other.lengths) != (auto.experiment, auto.lengths) or other.fixed_batch:
+                continue
+            predicted = auto.auto_plan.get(plan_layout(other.strategy))
+            measured = usable_batch(other)
+            if predicted is None or not measured:
+                continue
+            plan_lines.append(
+                f"| {other.experiment} ({other.lengths}) | {other.strategy} | {predicted} | {measured}"
+                f" | {predicted / measured:.2f} |"
+            )
+    text = ""
+    if lines:
+        text += (
+            "### zero_auto against the presets at the same set batch († rows from different machines or GPUs)\n\n"
+            "| experiment | rows | samples/s | ratio |\n|---|---|---|---|\n" + "\n".join(lines) + "\n"
+        )
+    if plan_lines:
+        text += (
+            "\n### The plan's predicted max micro-batch against the searched one (fresh run)\n\n"
+            "| experiment | layout | plan | measured | plan / measured |\n|---|---|---|---|---|\n"
+            + "\n".join(plan_lines)
+            + "\n"
+        )
+    return text
+
+
 def overhead_section(records: Iterable[Mapping[str, Any]]) -> str:
     """Same-config overhead: ours against Lightning's built-in with the identical DeepSpeed config, interleaved."""
     lines = []
@@ -277,6 +346,9 @@ def write_outputs(records: Iterable[Mapping[str, Any]], out: Path, peak_tflops: 
                 continue
             sections.append(f"### {name}, lengths: {lengths}\n\n{report_line(experiment)}\n\n")
             sections[-1] += markdown_table(rows, experiment, lengths)
+    auto = auto_section(rows)
+    if auto:
+        sections.append(auto)
     overhead = overhead_section(records)
     if overhead:
         sections.append(overhead)

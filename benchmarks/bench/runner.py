@@ -317,20 +317,29 @@ class MeasureResult:
     fresh_ooms: list[int]
     error: str | None
     seconds: float
+    session: dict[str, Any] = dataclasses.field(default_factory=dict)
 
 
-def measure_row(settings: RunSettings, row: Row, batch: int, clock: Clock, step_s: float) -> MeasureResult:
+def measure_row(
+    settings: RunSettings,
+    row: Row,
+    batch: int,
+    clock: Clock,
+    step_s: float,
+    attempts: int = FRESH_ATTEMPTS,
+    startup_s: float = STARTUP_ESTIMATE_S,
+) -> MeasureResult:
     """Measure ``row`` at ``batch`` in a fresh process; lower it by 10% while a fresh process does not fit it.
 
     A fresh run allocates its gradients and optimizer state at the batch it trains, between activations, and
     needs more memory than the in-process search saw (seen on the device: 10-20% less batch). The largest batch
     measured is what a user's run fits. ``step_s`` (the search's last step time) sizes the time needed: a
-    measurement that cannot finish in what is left of the run is not started.
+    measurement that cannot finish in what is left of the run is not started. ``attempts`` 1: no lowering.
     """
     seconds, fresh_ooms = 0.0, list[int]()
     steps_needed = settings.warmup + settings.min_steps + settings.profile_steps
-    for attempt in range(FRESH_ATTEMPTS):
-        needed = STARTUP_ESTIMATE_S + steps_needed * step_s
+    for attempt in range(attempts):
+        needed = startup_s + steps_needed * step_s
         if clock.left() < needed:
             error = f"not measured: {clock.left():.0f} s left of the run, about {needed:.0f} s needed"
             return MeasureResult(None, batch, fresh_ooms, error, seconds)
@@ -339,14 +348,44 @@ def measure_row(settings: RunSettings, row: Row, batch: int, clock: Clock, step_
         fit = measure_fit(settings, row, batch, budget_s=budget)
         outcome = run_trial(settings, f"{_slug(row)}-measure{attempt}", [fit], timeout)
         seconds += outcome.seconds
+        session = _session(outcome)
         measured = outcome.events("measured")
         if measured:
-            return MeasureResult(measured[0], batch, fresh_ooms, None, seconds)
+            return MeasureResult(measured[0], batch, fresh_ooms, None, seconds, session)
         if not outcome.events("oom") or batch <= 1:
-            return MeasureResult(None, batch, fresh_ooms, outcome.error() or "no measurement", seconds)
+            return MeasureResult(None, batch, fresh_ooms, outcome.error() or "no measurement", seconds, session)
         fresh_ooms.append(batch)
         batch = max(1, int(batch * FRESH_STEP_DOWN))
     return MeasureResult(None, batch, fresh_ooms, f"a fresh process ran out of memory at {fresh_ooms}", seconds)
+
+
+#: Seconds a ``zero_auto`` row may spend choosing (plan probe, a few timed candidates) before it trains.
+AUTO_STARTUP_S = 150.0
+#: Step time assumed for a row measured without a search: offload and ``zero_auto`` rows take seconds a step.
+FIXED_STEP_S = {True: 4.0, False: 1.0}
+
+
+def run_fixed_row(settings: RunSettings, row: Row, batch: int, clock: Clock, auto: bool) -> dict[str, Any]:
+    """Measure a row at its given batch, with no search and no lowering (an OOM is the row's result)."""
+    spec = find_experiment(row.experiment).strategy(row.strategy)
+    startup = STARTUP_ESTIMATE_S + (AUTO_STARTUP_S if auto else 0.0)
+    step_s = FIXED_STEP_S[auto or spec.offloads]
+    result = measure_row(settings, row, batch, clock, step_s, attempts=1, startup_s=startup)
+    measured = result.measured or {}
+    record: dict[str, Any] = {
+        "fixed_batch": batch,
+        "max_batch": int(measured.get("batch", 0)),
+        "oom_batch": batch if result.fresh_ooms else None,
+        "at_limit": False,
+        "measure": result.measured,
+        "measured_batch": measured.get("batch"),
+        "measure_s": round(result.seconds, 1),
+        "status": "ok" if result.measured else "oom" if result.fresh_ooms else "error",
+        "session": result.session,
+    }
+    if result.error and not result.fresh_ooms:
+        record["error"] = result.error
+    return record
 
 
 def load_results(*folders: Path) -> dict[str, dict[str, Any]]:
@@ -375,7 +414,6 @@ def run_row(
     """Search and measure one row; the record that goes into ``results.jsonl``."""
     experiment = find_experiment(row.experiment)
     started = time.time()
-    search = search_row(settings, row, experiment, clock)
     record: dict[str, Any] = {
         "row": row.key,
         "experiment": row.experiment,
@@ -384,14 +422,22 @@ def run_row(
         "devices": settings.devices,
         "memory_cap_gib": settings.memory_cap_gib,
         "precision": settings.precision,
-        "max_batch": search.bracket.fits,
-        "oom_batch": search.bracket.fails,
-        "at_limit": search.bracket.fails is None and search.bracket.fits >= experiment.max_batch,
-        "search_trials": search.trials,
-        "search_s": round(search.seconds, 1),
-        "session": search.session,
         "started": started,
     }
+    spec = experiment.strategy(row.strategy)
+    if spec.batch is not None:
+        record.update(run_fixed_row(settings, row, spec.batch, clock, spec.loader_driven))
+        annotate(record)
+        return record
+    search = search_row(settings, row, experiment, clock)
+    record.update(
+        max_batch=search.bracket.fits,
+        oom_batch=search.bracket.fails,
+        at_limit=search.bracket.fails is None and search.bracket.fits >= experiment.max_batch,
+        search_trials=search.trials,
+        search_s=round(search.seconds, 1),
+        session=search.session,
+    )
     if search.error:
         record.update(status="error", error=search.error)
     elif search.bracket.fits == 0:

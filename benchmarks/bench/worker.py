@@ -207,6 +207,7 @@ class MeasureController(Controller):
         self.marks: dict[str, float] = {}
         self.timed_start = 0.0
         self.phase = "warmup"
+        self.setup_started = self.fit_started = 0.0
 
     def _mark(self, name: str) -> None:
         if self.phase == "profile":
@@ -233,6 +234,7 @@ class MeasureController(Controller):
         before = self.skips.skipped
         skipped = self.skips.update(trainer) > before
         assert isinstance(pl_module, BenchModule)
+        self.batch = pl_module.last_batch
         step = {"s": end - self.marks["start"], "skipped": skipped, **pl_module.last_facts}
         if self.phase == "timed":
             self.timed.append(step)
@@ -267,8 +269,33 @@ class MeasureController(Controller):
             peak_allocated=allocated,
             peak_reserved=reserved,
             skipped_total=self.skips.skipped,
+            setup_s=round(self.fit_started - self.setup_started, 1),
+            **auto_choice(trainer.strategy),
         )
         trainer.should_stop = True
+
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        super().setup(trainer, pl_module, stage)
+        self.setup_started = time.perf_counter()
+
+    def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self.fit_started = time.perf_counter()
+
+
+def auto_choice(strategy: Any) -> dict[str, Any]:
+    """What ``zero_auto`` planned, tried and chose (nothing for other strategies)."""
+    chosen = getattr(strategy, "chosen", None)
+    if chosen is None:
+        return {}
+    return {
+        "auto": {
+            "chosen": chosen.name,
+            "accumulation": chosen.accumulation,
+            "from_cache": strategy.from_cache,
+            "trials": [[m.candidate.name, m.fits, round(m.samples_per_sec, 2), m.reason] for m in strategy.trials],
+            "plan": [[row.layout.name, row.max_micro_batch] for row in strategy.plan_rows],
+        }
+    }
 
 
 def _reset_peak(device: torch.device) -> None:
@@ -324,13 +351,21 @@ def run_fit(fit: dict[str, Any], spec: dict[str, Any], writer: RecordWriter, ind
     strategy_spec = experiment.strategy(fit["strategy"])
     lengths = experiment.length(fit["lengths"])
     controller = _controller(fit, spec, writer, index)
+    cap = float(spec["memory_cap_gib"])
+    by_loader = strategy_spec.loader_driven
     module = BenchModule(
-        experiment, strategy_spec, lengths, controller.next_batch, float(spec["memory_cap_gib"]), seed=index
+        experiment,
+        strategy_spec,
+        lengths,
+        None if by_loader else controller.next_batch,
+        cap,
+        seed=index,
+        batch_size=int(fit.get("batch", 1)),
     )
     trainer = L.Trainer(
         accelerator=spec["accelerator"],
         devices=int(spec["devices"]),
-        strategy=make_strategy(strategy_spec, int(spec["devices"]), fit.get("deepspeed_config")),
+        strategy=make_strategy(strategy_spec, int(spec["devices"]), fit.get("deepspeed_config"), cap),
         precision=spec["precision"],
         max_steps=MAX_STEPS,
         logger=False,
@@ -343,7 +378,10 @@ def run_fit(fit: dict[str, Any], spec: dict[str, Any], writer: RecordWriter, ind
         callbacks=[controller],
     )
     controller.record(event="start", mode=fit["mode"], label=fit.get("label", fit["strategy"]))
-    trainer.fit(module, step_loader(MAX_STEPS))
+    if by_loader:
+        trainer.fit(module)
+    else:
+        trainer.fit(module, step_loader(MAX_STEPS))
     del trainer, module
     _reset_memory(controller.device)
 

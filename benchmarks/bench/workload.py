@@ -2,11 +2,13 @@
 
 Batches are made on the device inside ``training_step`` (random token ids, lengths from
 :mod:`benchmarks.bench.lengths`), so a search can change the micro-batch from one step to the next and no
-data loader stands between the GPU and the measurement. The data loader only counts steps.
+data loader stands between the GPU and the measurement. The data loader only counts steps; for ``zero_auto``
+rows it also sets the micro-batch (``batch_size``, which the strategy changes to the one it chose).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from collections.abc import Callable
 from typing import Any
@@ -85,9 +87,11 @@ class BenchModule(L.LightningModule):
     Args:
         experiment: The experiment (shape and task).
         spec: The strategy, for the optimizer choice and Hugging Face checkpointing by hand.
-        next_batch: Called at every step: the micro-batch to run and whether to use the worst-case lengths.
+        next_batch: Called at every step: the micro-batch to run and whether to use the worst-case lengths
+            (``None`` for rows whose dataloader sets the micro-batch: :attr:`StrategySpec.loader_driven`).
         memory_cap_gib: Per-process cap on GPU memory (``set_per_process_memory_fraction``); 0: none.
         seed: Seed of the batch lengths.
+        batch_size: The dataloader's batch, for rows whose dataloader sets the micro-batch.
     """
 
     def __init__(
@@ -95,13 +99,15 @@ class BenchModule(L.LightningModule):
         experiment: Experiment,
         spec: StrategySpec,
         lengths: Lengths,
-        next_batch: Callable[[], tuple[int, bool]],
+        next_batch: Callable[[], tuple[int, bool]] | None,
         memory_cap_gib: float,
         seed: int = 0,
+        batch_size: int = 1,
     ) -> None:
         super().__init__()
         self.experiment, self.spec, self.lengths_spec = experiment, spec, lengths
         self.next_batch, self.memory_cap_gib, self.seed = next_batch, memory_cap_gib, seed
+        self.batch_size = batch_size
         self.model: Any = None
         self.maker: BatchMaker | None = None
         self.last_facts: dict[str, int] = {}
@@ -131,7 +137,7 @@ class BenchModule(L.LightningModule):
 
     def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
         assert self.model is not None and self.maker is not None
-        size, worst = self.next_batch()
+        size, worst = self.next_batch() if self.next_batch is not None else (int(batch.shape[0]), False)
         inputs, self.last_facts = self.maker.make(size, self.device, worst)
         self.last_batch = size
         return self.model(**inputs).loss
@@ -144,15 +150,30 @@ class BenchModule(L.LightningModule):
             return DeepSpeedCPUAdam(self.parameters(), lr=1e-5)
         return torch.optim.AdamW(self.parameters(), lr=1e-5)
 
+    def train_dataloader(self) -> DataLoader:
+        """Item indices in batches of ``batch_size`` (rows whose dataloader sets the micro-batch)."""
+        return step_loader(LOADER_ITEMS, self.batch_size)
 
-def step_loader(steps: int) -> DataLoader:
-    """A loader of ``steps`` dummy items: the module makes the real batches."""
+
+#: Items of a loader-driven row's dataloader: more than any measurement takes.
+LOADER_ITEMS = 10**9
+
+
+def step_loader(steps: int, batch_size: int = 1) -> DataLoader:
+    """A loader of ``steps`` dummy items in batches of ``batch_size``: the module makes the real batches."""
     items: Any = range(steps)
-    return DataLoader(items, batch_size=1)
+    return DataLoader(items, batch_size=batch_size)
 
 
-def make_strategy(spec: StrategySpec, devices: int, deepspeed_config: dict[str, Any] | None = None) -> Any:
-    """The Trainer's ``strategy`` argument for ``spec`` (a name, or a built strategy when fields are overridden)."""
+def make_strategy(
+    spec: StrategySpec, devices: int, deepspeed_config: dict[str, Any] | None = None, memory_cap_gib: float = 0.0
+) -> Any:
+    """The Trainer's ``strategy`` argument for ``spec`` (a name, or a built strategy when fields are overridden).
+
+    ``zero_auto`` rows get ``memory_cap_gib`` as their memory budget.
+    """
+    if spec.kind == "auto" and memory_cap_gib:
+        spec = dataclasses.replace(spec, zero={"memory_budget_gib": memory_cap_gib, **spec.zero})
     if deepspeed_config is not None:
         if spec.kind == "lightning":
             from lightning.pytorch.strategies import DeepSpeedStrategy

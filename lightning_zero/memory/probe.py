@@ -1,13 +1,15 @@
 """Activation memory per sample, from a short real forward and backward of the actual model and batch.
 
-On CPU, where there is no allocator to ask, the probe counts the bytes autograd keeps for backward
-(saved-tensor hooks, each storage once, parameters excluded) and attributes them to the transformer block
-running at the time. Without activation checkpointing that is what is alive when backward starts; with it,
-what stays alive is everything saved outside the blocks, each block's input, and one block's saved tensors
-while that block is recomputed. On CUDA the peak allocation above the model states is measured directly
-(``torch.cuda.max_memory_allocated``), once without and once with checkpointing.
+The probe counts the bytes autograd keeps for backward (saved-tensor hooks, each storage once, parameters
+excluded) and attributes them to the transformer block running at the time. Without activation checkpointing
+that is what is alive when backward starts; with it, what stays alive is everything saved outside the blocks,
+each block's input, and one block's saved tensors while that block is recomputed. Two batch sizes (1 and 2
+samples) give the per-sample slope and the fixed part.
 
-Two batch sizes (1 and 2 samples) give the per-sample slope and the fixed part.
+On CUDA the peak allocation above the model states is measured as well (``torch.cuda.max_memory_allocated``,
+once without and once with checkpointing). At one or two samples that peak is set by transients that do not
+grow with the batch (the embedding's gradient, the optimizer's buffers), so its slope can be near zero: the
+per-sample figure is the larger of the two slopes, and the fixed part is what the peak at one sample leaves.
 """
 
 from __future__ import annotations
@@ -193,12 +195,19 @@ def probe_activations(
     """
     device = device or next(model.parameters()).device
     one, two = take_samples(batch, 1), take_samples(batch, 2)
+    (plain_1, ckpt_1), (plain_2, ckpt_2) = (_saved_bytes(model, loss_fn, b, precision, device) for b in (one, two))
+    plain, ckpt = _line(plain_1, plain_2), _line(ckpt_1, ckpt_2)
     if device.type != "cuda":
-        (plain_1, ckpt_1), (plain_2, ckpt_2) = (_saved_bytes(model, loss_fn, b, precision, device) for b in (one, two))
-        return ActivationProbe(*_line(plain_1, plain_2), *_line(ckpt_1, ckpt_2), method="saved tensors")
+        return ActivationProbe(*plain, *ckpt, method="saved tensors")
     _cuda_peak(model, loss_fn, one, precision, device)  # gradients allocated once, outside the measurement
-    plain = _line(*(_cuda_peak(model, loss_fn, b, precision, device) for b in (one, two)))
+    plain = _with_peaks(plain[0], [_cuda_peak(model, loss_fn, b, precision, device) for b in (one, two)])
     if enable_activation_checkpointing(model) == 0:
-        return ActivationProbe(*plain, *plain, method="cuda peak")
-    ckpt = _line(*(_cuda_peak(model, loss_fn, b, precision, device) for b in (one, two)))
-    return ActivationProbe(*plain, *ckpt, method="cuda peak")
+        return ActivationProbe(*plain, *plain, method="saved tensors + cuda peak")
+    ckpt = _with_peaks(ckpt[0], [_cuda_peak(model, loss_fn, b, precision, device) for b in (one, two)])
+    return ActivationProbe(*plain, *ckpt, method="saved tensors + cuda peak")
+
+
+def _with_peaks(saved_per_sample: int, peaks: list[int]) -> tuple[int, int]:
+    """``(per sample, fixed)`` from the saved-bytes slope and the peaks at 1 and 2 samples."""
+    per_sample = max(saved_per_sample, _line(*peaks)[0])
+    return per_sample, max(0, peaks[0] - per_sample)

@@ -3,8 +3,9 @@
 Candidates come from the plan's DeepSpeed rows that fit the budget. With a fixed global batch each candidate
 gets the largest micro-batch that divides the per-device batch and fits, and the accumulation that keeps the
 global batch; with ``batch_size: max`` it gets the largest micro-batch that fits. Offload candidates use pinned
-host buffers on CUDA. ZenFlow is never a candidate. :func:`choose` takes the highest samples/s among the
-trials that fitted, ties going to the earlier candidate, so the same measurements always give the same choice.
+host buffers on CUDA. When none fits (the plan was optimistic), they are tried again at half the micro-batch.
+ZenFlow is never a candidate. :func:`choose` takes the highest samples/s among the trials that fitted, ties
+going to the earlier candidate, so the same measurements always give the same choice.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 from lightning_zero.errors import ZeroConfigError
 from lightning_zero.memory.plan import PlanRow
@@ -90,6 +91,19 @@ def candidates(
         scored.append((_prior(row, micro), Candidate(row.layout, micro, accumulation, pin, bucket)))
     scored.sort(key=lambda item: item[0])
     return [candidate for _, candidate in scored[:max_trials]]
+
+
+def halved(measurements: Sequence[Measurement], keep_global_batch: bool) -> list[Candidate]:
+    """The candidates that did not fit, at half their micro-batch: accumulation doubles to keep a set global
+    batch (odd micro-batches are then dropped); with ``batch_size: max`` it stays 1."""
+    smaller = []
+    for measurement in measurements:
+        candidate = measurement.candidate
+        if measurement.fits or candidate.micro_batch < 2 or (keep_global_batch and candidate.micro_batch % 2):
+            continue
+        accumulation = candidate.accumulation * 2 if keep_global_batch else 1
+        smaller.append(replace(candidate, micro_batch=candidate.micro_batch // 2, accumulation=accumulation))
+    return smaller
 
 
 def choose(measurements: Sequence[Measurement]) -> Measurement:

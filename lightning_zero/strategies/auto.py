@@ -17,12 +17,13 @@ approximate optimizer is never chosen.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import dataclasses
 import gc
 import json
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -37,7 +38,7 @@ from lightning_zero.callbacks.batch_size import is_out_of_memory
 from lightning_zero.callbacks.throughput import first_tensor, samples_in
 from lightning_zero.errors import ZeroConfigError
 from lightning_zero.memory.budget import GIB
-from lightning_zero.memory.plan import candidate_layouts, make_plan
+from lightning_zero.memory.plan import PlanRow, candidate_layouts, make_plan
 from lightning_zero.memory.probe import probe_activations, take_samples, to_device, training_loss
 from lightning_zero.memory.search import (
     MAX,
@@ -49,6 +50,7 @@ from lightning_zero.memory.search import (
     candidates,
     choose,
     format_trials,
+    halved,
 )
 from lightning_zero.memory.states import ParameterShapes
 from lightning_zero.strategies import cpu_adam
@@ -60,6 +62,9 @@ from lightning_zero.strategies.deepspeed_config import (
     resolve_auto,
     to_deepspeed_config,
 )
+
+#: Times the candidates are tried again at half the micro-batch when none fitted.
+HALVINGS = 2
 
 
 @dataclasses.dataclass(frozen=True)
@@ -128,12 +133,15 @@ class ZeroAutoStrategy(ZeroStrategy):
         self.auto: AutoZeroConfig = AutoZeroConfig.coerce(zero)
         self.chosen: Candidate | None = None
         self.trials: list[Measurement] = []
+        self.plan_rows: list[PlanRow] = []
         self.from_cache = False
 
     def setup(self, trainer: Any) -> None:
         assert self.lightning_module is not None
         candidate = self.search(trainer)
-        self.zero, self.config = deepspeed_config_for(self._base(), candidate)
+        self.zero, config = deepspeed_config_for(self._base(), candidate)
+        # Lightning may have resolved the config already (``configure_model`` asks for it): resolve this one.
+        self.config = resolve_auto(config, self._candidate_values(trainer, candidate))
         if candidate.micro_batch != self._dataloader_batch(trainer):
             if not lightning_hasattr(self.lightning_module, self.auto.batch_arg_name):
                 raise ZeroConfigError(
@@ -169,8 +177,16 @@ class ZeroAutoStrategy(ZeroStrategy):
             self.from_cache = True
             rank_zero_info(f"zero_auto: using the cached choice from {self.auto.cache_file}.")
             return candidate_from_dict(cached)
-        tried = self.broadcast(self._candidates(trainer, module, shapes, batch, global_batch))
-        self.trials = [self.measure(trainer, module, batch, candidate) for candidate in tried]
+        with self._resident_on_host(module):
+            tried = self.broadcast(self._candidates(trainer, module, shapes, batch, global_batch))
+            self.trials = [self.measure(trainer, module, batch, candidate) for candidate in tried]
+            for _ in range(HALVINGS):
+                if any(measurement.fits for measurement in self.trials):
+                    break
+                tried = halved(self.trials[-len(tried) :], keep_global_batch=global_batch != MAX)
+                if not tried:
+                    break
+                self.trials += [self.measure(trainer, module, batch, candidate) for candidate in tried]
         best = choose(self.trials)
         rank_zero_info(format_trials(self.trials, best))
         if self.is_global_zero:
@@ -181,11 +197,17 @@ class ZeroAutoStrategy(ZeroStrategy):
         self, trainer: Any, module: LightningModule, shapes: ParameterShapes, batch: Any, global_batch: int | str
     ) -> list[Candidate]:
         precision = str(self.precision_plugin.precision)
-        probe_model = _copy_of(module, trainer) if self.root_device.type == "cuda" else module
-        probe = probe_activations(probe_model, training_loss(probe_model), batch, precision, self.root_device)
-        del probe_model
+        if self.root_device.type == "cuda":
+            # DeepSpeed runs the module in its 16-bit dtype without autocast: probe a copy of it that way.
+            probe_model = _copy_of(module, trainer).to(self.root_device, self._engine_dtype())
+            samples = self.precision_plugin.convert_input(batch)
+            probe = probe_activations(probe_model, training_loss(probe_model), samples, device=self.root_device)
+            del probe_model
+        else:
+            probe = probe_activations(module, training_loss(module), batch, precision, self.root_device)
         layouts = [layout for layout in candidate_layouts() if layout.backend == "deepspeed"]
         rows = make_plan(shapes, probe, self._budget_gib(), self.num_processes, self.num_nodes, precision, 1, layouts)
+        self.plan_rows = rows
         rows = [
             dataclasses.replace(row, max_micro_batch=min(row.max_micro_batch, self.auto.max_micro_batch))
             for row in rows
@@ -205,15 +227,10 @@ class ZeroAutoStrategy(ZeroStrategy):
         import deepspeed
 
         zero, config = deepspeed_config_for(self._base(), candidate)
-        values = TrainerValues(
-            micro_batch_size=candidate.micro_batch,
-            accumulate_grad_batches=candidate.accumulation,
-            gradient_clip_val=trainer.gradient_clip_val,
-            precision=str(self.precision_plugin.precision),
-        )
+        values = self._candidate_values(trainer, candidate)
         # The peak is counted above what is allocated now (the model the run will train is already resident).
         baseline = self._reset_peak()
-        trial = _copy_of(module, trainer)
+        trial = _copy_of(module, trainer).to(dtype=self._engine_dtype())
         if zero.activation_checkpointing:
             enable_activation_checkpointing(trial)
         optimizers, _ = _init_optimizers_and_lr_schedulers(trial)
@@ -222,7 +239,7 @@ class ZeroAutoStrategy(ZeroStrategy):
             optimizer = cpu_adam.to_cpu_adam(optimizer)
         samples = self.precision_plugin.convert_input(take_samples(batch, candidate.micro_batch))
         engine = None
-        ok, reason, seconds = True, "", 0.0
+        ok, reason, seconds, steps = True, "", 0.0, 0
         try:
             engine = deepspeed.initialize(
                 args=argparse.Namespace(device_rank=self._device_rank),
@@ -232,7 +249,7 @@ class ZeroAutoStrategy(ZeroStrategy):
                 optimizer=optimizer,
                 dist_init_required=False,
             )[0]
-            seconds = self._timed_steps(engine, trial, samples, candidate.accumulation)
+            seconds, steps = self._timed_steps(engine, trial, samples, candidate.accumulation)
         except RuntimeError as error:
             if not is_out_of_memory(error):
                 raise
@@ -244,26 +261,67 @@ class ZeroAutoStrategy(ZeroStrategy):
             gc.collect()
             if self.root_device.type == "cuda":
                 torch.cuda.empty_cache()
+                _empty_pinned_cache()
         if ok and self.root_device.type == "cuda":
             peak = torch.cuda.max_memory_allocated(self.root_device) - baseline
             ok, reason = peak <= self._budget_gib() * GIB, f"peak {peak / GIB:.1f} GiB over the budget"
         ok = self.reduce_boolean_decision(ok, all=True)
-        samples_seen = candidate.micro_batch * candidate.accumulation * self.world_size * self.auto.trial_steps
+        samples_seen = candidate.micro_batch * candidate.accumulation * self.world_size * steps
         rate = float(self.broadcast(samples_seen / seconds if ok and seconds > 0 else 0.0))
         return Measurement(candidate, fits=ok, samples_per_sec=rate, reason="" if ok else reason or "did not fit")
 
-    def _timed_steps(self, engine: Any, trial: Any, samples: Any, accumulation: int) -> float:
+    def _candidate_values(self, trainer: Any, candidate: Candidate) -> TrainerValues:
+        return TrainerValues(
+            micro_batch_size=candidate.micro_batch,
+            accumulate_grad_batches=candidate.accumulation,
+            gradient_clip_val=trainer.gradient_clip_val,
+            precision=str(self.precision_plugin.precision),
+        )
+
+    def _timed_steps(self, engine: Any, trial: Any, samples: Any, accumulation: int) -> tuple[float, int]:
+        """Seconds and count of the timed optimizer steps that fp16 did not skip for overflow.
+
+        A skipped step leaves out the optimizer (under offload, most of the step) and would look fast: up to
+        three times ``trial_steps`` steps are run to time ``trial_steps`` that were not skipped.
+        """
         loss = training_loss(trial)
-        start = 0.0
-        for step in range(self.auto.warmup_steps + self.auto.trial_steps):
-            if step == self.auto.warmup_steps:
-                self._synchronize()
-                start = time.perf_counter()
+        seconds, counted = 0.0, 0
+        for step in range(self.auto.warmup_steps + 3 * self.auto.trial_steps):
+            self._synchronize()
+            start, skipped_before = time.perf_counter(), int(getattr(engine, "skipped_steps", 0))
             for _ in range(accumulation):
                 engine.backward(loss(samples))
                 engine.step()
-        self._synchronize()
-        return time.perf_counter() - start
+            self._synchronize()
+            if step >= self.auto.warmup_steps and int(getattr(engine, "skipped_steps", 0)) == skipped_before:
+                seconds += time.perf_counter() - start
+                counted += 1
+                if counted == self.auto.trial_steps:
+                    break
+        return seconds, counted
+
+    @contextlib.contextmanager
+    def _resident_on_host(self, module: LightningModule) -> Iterator[None]:
+        """Keep the module the run will train in host memory while the probe and trials use the device.
+
+        Each of them holds a copy of the model, its gradients and its optimizer state: next to the resident
+        fp32 module (11 GiB for t5-3b) they would not fit the budget they are meant to measure. Moving the module
+        there and back leaves its values unchanged.
+        """
+        if self.root_device.type != "cuda":
+            yield
+            return
+        module.to("cpu")
+        torch.cuda.empty_cache()
+        try:
+            yield
+        finally:
+            module.to(self.root_device)
+
+    def _engine_dtype(self) -> torch.dtype:
+        """The dtype DeepSpeed converts the module to for the run's precision (fp32 when it does not)."""
+        precision = str(self.precision_plugin.precision)
+        return {"16": torch.float16, "bf16": torch.bfloat16}.get(precision.split("-")[0], torch.float32)
 
     def _reset_peak(self) -> int:
         """Reset the CUDA peak statistics; the bytes allocated now (0 off CUDA)."""
@@ -322,6 +380,18 @@ class ZeroAutoStrategy(ZeroStrategy):
         entries[key] = candidate_to_dict(candidate)
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(entries, indent=1, sort_keys=True))
+
+
+def _empty_pinned_cache() -> None:
+    """Give the pinned host memory a trial freed back to the system.
+
+    torch keeps freed page-locked blocks cached, rounded up to powers of two: the optimizer states of a few
+    offload trials of a 3B model would otherwise stay locked in host memory side by side (a t5-3b run was
+    killed, exit -9, during its fourth offload trial on a 125 GiB host).
+    """
+    empty = getattr(torch.accelerator, "empty_host_cache", None) or getattr(torch._C, "_host_emptyCache", None)
+    if empty is not None:
+        empty()
 
 
 def _copy_of(module: LightningModule, trainer: Any) -> LightningModule:
