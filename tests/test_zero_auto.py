@@ -3,6 +3,7 @@ end on 2 CPU processes (helpers/fit_run.py)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,7 @@ from lightning_zero.memory.search import (
     choose,
     format_trials,
     halved,
+    needless,
 )
 from lightning_zero.memory.states import Layout, ModelStates
 from lightning_zero.strategies.auto import AutoZeroConfig, ZeroAutoStrategy, deepspeed_config_for
@@ -38,6 +40,7 @@ ZERO2 = Layout("deepspeed", 2)
 ZERO2_OFFLOAD = Layout("deepspeed", 2, offload_optimizer=True)
 ZERO2_OFFLOAD_CKPT = Layout("deepspeed", 2, offload_optimizer=True, activation_checkpointing=True)
 ZERO3_PARTIAL = Layout("deepspeed", 3, offload_optimizer=True, offload_ratio=0.5)
+ZERO3_FULL_OFFLOAD = Layout("deepspeed", 3, offload_optimizer=True, offload_parameters=True)
 # GPT-2 XL on a 24 GiB card, as planned: ZeRO-2 does not fit; offload fits 16, with checkpointing 64.
 XL_ROWS = [
     row(ZERO2, 0),
@@ -92,6 +95,21 @@ def test_choice_is_the_fastest_that_fits_and_deterministic() -> None:
 def test_nothing_fitting_is_a_one_line_error() -> None:
     with pytest.raises(ZeroConfigError, match=r"no configuration that fits .*zero2_offload\+ckpt 64x1 pinned: out of"):
         choose([measured(ZERO2_OFFLOAD_CKPT, 64, 0.0, fits=False)])
+
+
+def test_layouts_beyond_the_free_host_memory_are_not_tried() -> None:
+    heavy = dataclasses.replace(STATES, host_bytes=100 * 2**30)
+    rows = [row(ZERO2_OFFLOAD, 16), dataclasses.replace(row(ZERO3_PARTIAL, 16), states=heavy)]
+    found = candidates(rows, 1, 16, 10, on_cuda=True, max_trials=4, host_free_bytes=60 * 2**30)
+    assert [c.layout for c in found] == [ZERO2_OFFLOAD]
+    assert len(candidates(rows, 1, 16, 10, on_cuda=True, max_trials=4)) == 2, "no host limit given"
+
+
+def test_parameter_offload_is_tried_only_while_nothing_keeping_parameters_fitted() -> None:
+    param_offload = Candidate(ZERO3_FULL_OFFLOAD, 16, 1, pin_memory=True, bucket_size=1)
+    assert needless(param_offload, [measured(ZERO2_OFFLOAD_CKPT, 16, 3.0)])
+    assert not needless(param_offload, [measured(ZERO2_OFFLOAD_CKPT, 16, 0.0, fits=False)])
+    assert not needless(measured(ZERO2_OFFLOAD, 16, 1.0).candidate, [measured(ZERO2_OFFLOAD_CKPT, 16, 3.0)])
 
 
 def test_what_did_not_fit_is_retried_at_half_the_micro_batch() -> None:

@@ -71,12 +71,19 @@ def candidates(
     on_cuda: bool,
     max_trials: int,
     default_bucket: int = 200_000_000,
+    host_free_bytes: int | None = None,
 ) -> list[Candidate]:
-    """The first ``max_trials`` DeepSpeed candidates that the plan says fit, in trial order."""
+    """The first ``max_trials`` DeepSpeed candidates that the plan says fit, in trial order.
+
+    With ``host_free_bytes``, layouts whose host memory (DeepSpeed's estimate where it has one) exceeds it are
+    left out: a trial that exhausts host memory is ended by the system, not by an error.
+    """
     bucket = min(default_bucket, -(-max(1, total_parameters) // BUCKET_GRANULE) * BUCKET_GRANULE)
     scored = []
     for row in rows:
         if row.layout.backend != "deepspeed" or row.max_micro_batch < 1:
+            continue
+        if host_free_bytes is not None and row.states.host_bytes > host_free_bytes:
             continue
         if global_batch == MAX:
             micro, accumulation = row.max_micro_batch, 1
@@ -91,6 +98,15 @@ def candidates(
         scored.append((_prior(row, micro), Candidate(row.layout, micro, accumulation, pin, bucket)))
     scored.sort(key=lambda item: item[0])
     return [candidate for _, candidate in scored[:max_trials]]
+
+
+def needless(candidate: Candidate, measurements: Sequence[Measurement]) -> bool:
+    """Whether a trial of ``candidate`` can be left out: it offloads the parameters while a candidate that keeps
+    them on the device has fitted already (parameter offload only adds host-device traffic, and needs the most
+    host memory of all layouts)."""
+    return candidate.layout.offload_parameters and any(
+        m.fits and not m.candidate.layout.offload_parameters for m in measurements
+    )
 
 
 def halved(measurements: Sequence[Measurement], keep_global_batch: bool) -> list[Candidate]:

@@ -27,6 +27,7 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
+import psutil
 import torch
 from lightning.pytorch import LightningModule
 from lightning.pytorch.core.optimizer import _init_optimizers_and_lr_schedulers
@@ -51,6 +52,7 @@ from lightning_zero.memory.search import (
     choose,
     format_trials,
     halved,
+    needless,
 )
 from lightning_zero.memory.states import ParameterShapes
 from lightning_zero.strategies import cpu_adam
@@ -179,19 +181,28 @@ class ZeroAutoStrategy(ZeroStrategy):
             return candidate_from_dict(cached)
         with self._resident_on_host(module):
             tried = self.broadcast(self._candidates(trainer, module, shapes, batch, global_batch))
-            self.trials = [self.measure(trainer, module, batch, candidate) for candidate in tried]
+            latest = self.trials = self._measure_all(trainer, module, batch, tried)
             for _ in range(HALVINGS):
-                if any(measurement.fits for measurement in self.trials):
+                tried = halved(latest, keep_global_batch=global_batch != MAX)
+                if any(measurement.fits for measurement in self.trials) or not tried:
                     break
-                tried = halved(self.trials[-len(tried) :], keep_global_batch=global_batch != MAX)
-                if not tried:
-                    break
-                self.trials += [self.measure(trainer, module, batch, candidate) for candidate in tried]
+                latest = self._measure_all(trainer, module, batch, tried)
+                self.trials = self.trials + latest
         best = choose(self.trials)
         rank_zero_info(format_trials(self.trials, best))
         if self.is_global_zero:
             self._write_cache(key, best.candidate)
         return best.candidate
+
+    def _measure_all(
+        self, trainer: Any, module: LightningModule, batch: Any, tried: list[Candidate]
+    ) -> list[Measurement]:
+        """The trials of ``tried`` in order, leaving out the :func:`needless` ones."""
+        trials: list[Measurement] = []
+        for candidate in tried:
+            if not needless(candidate, trials):
+                trials.append(self.measure(trainer, module, batch, candidate))
+        return trials
 
     def _candidates(
         self, trainer: Any, module: LightningModule, shapes: ParameterShapes, batch: Any, global_batch: int | str
@@ -213,7 +224,13 @@ class ZeroAutoStrategy(ZeroStrategy):
             for row in rows
         ]
         found = candidates(
-            rows, self.world_size, global_batch, shapes.total, self.root_device.type == "cuda", self.auto.max_trials
+            rows,
+            self.world_size,
+            global_batch,
+            shapes.total,
+            self.root_device.type == "cuda",
+            self.auto.max_trials,
+            host_free_bytes=psutil.virtual_memory().available,
         )
         fitting = sum(row.max_micro_batch >= 1 for row in rows)
         rank_zero_info(
@@ -228,7 +245,7 @@ class ZeroAutoStrategy(ZeroStrategy):
 
         zero, config = deepspeed_config_for(self._base(), candidate)
         values = self._candidate_values(trainer, candidate)
-        # The peak is counted above what is allocated now (the model the run will train is already resident).
+        # The peak is counted above what is allocated now (on CUDA the run's own module waits in host memory).
         baseline = self._reset_peak()
         trial = _copy_of(module, trainer).to(dtype=self._engine_dtype())
         if zero.activation_checkpointing:
