@@ -243,6 +243,7 @@ class ZeroAutoStrategy(ZeroStrategy):
         """Time ``trial_steps`` optimizer steps of ``candidate`` on a copy of ``module``; collective on all ranks."""
         import deepspeed
 
+        rank_zero_info(f"zero_auto: timing {candidate.name} ...")  # a run ended mid-trial says which one
         zero, config = deepspeed_config_for(self._base(), candidate)
         values = self._candidate_values(trainer, candidate)
         # The peak is counted above what is allocated now (on CUDA the run's own module waits in host memory).
