@@ -7,14 +7,22 @@ compares each rank's measured footprint with the plan's element counts for the m
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
 from torch import nn
 
 from lightning_zero.cli import main
+from lightning_zero.memory import probe
 from lightning_zero.memory.plan import candidate_layouts, format_plan, make_plan
-from lightning_zero.memory.probe import ActivationProbe, probe_activations, take_samples
+from lightning_zero.memory.probe import (
+    ActivationProbe,
+    peak_probe_sizes,
+    per_sample_from_peaks,
+    probe_activations,
+    take_samples,
+)
 from lightning_zero.memory.states import Layout, ParameterShapes, flat_partition, model_states, row_shard
 from tests.helpers.launch import run_script
 from tests.helpers.tiny import TinyLM
@@ -86,6 +94,37 @@ def test_probe_counts_saved_activations_per_sample() -> None:
     assert probe.per_sample == pytest.approx(4 * per_block + 32 * 64 * 4, rel=0.01)
     assert probe.per_sample_checkpointed < probe.per_sample / 2
     assert probe.method == "saved tensors"
+
+
+def test_cuda_peaks_are_taken_where_activations_outgrow_fixed_transients() -> None:
+    mib = 2**20
+
+    # GPT-2 XL-like, checkpointed: 100 MiB per sample at the peak, 46 MiB of it saved, and a 160 MiB weight
+    # gradient that sets the peak at one or two samples.
+    def peak(samples: int) -> int:
+        return max(160 * mib + 60 * mib * min(samples, 2), 100 * mib * samples)
+
+    assert per_sample_from_peaks(46 * mib, ((1, peak(1)), (2, peak(2))))[0] == 60 * mib, "the old probe's slope"
+    small, large = peak_probe_sizes(46 * mib)
+    assert (small, large) == (22, 44)
+    per_sample, fixed = per_sample_from_peaks(46 * mib, ((small, peak(small)), (large, peak(large))))
+    assert (per_sample, fixed) == (100 * mib, 0)
+    assert peak_probe_sizes(600 * mib) == (1, 2) and peak_probe_sizes(1) == (64, 128)
+
+
+def test_cuda_peaks_halve_their_batch_while_the_device_runs_out_of_memory(monkeypatch: pytest.MonkeyPatch) -> None:
+    measured: list[int] = []
+
+    def peak_or_oom(model: nn.Module, loss_fn: Any, batch: torch.Tensor, precision: str, device: Any) -> int:
+        measured.append(len(batch))
+        if len(batch) > 8:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        return 1000 * len(batch)
+
+    monkeypatch.setattr(probe, "_cuda_peak", peak_or_oom)
+    loss = lambda batch: batch.sum()  # noqa: E731
+    peaks = probe._peaks(nn.Linear(4, 1), loss, torch.zeros(1, 4), "32-true", torch.device("cpu"), 2**30 // 16)
+    assert peaks == ((4, 4000), (8, 8000)) and measured == [16, 8, 16, 4, 8]
 
 
 def test_take_samples_repeats_short_batches() -> None:

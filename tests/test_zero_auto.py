@@ -23,6 +23,7 @@ from lightning_zero.memory.search import (
     format_trials,
     halved,
     needless,
+    retries,
 )
 from lightning_zero.memory.states import Layout, ModelStates
 from lightning_zero.strategies.auto import AutoZeroConfig, ZeroAutoStrategy, deepspeed_config_for
@@ -122,6 +123,22 @@ def test_what_did_not_fit_is_retried_at_half_the_micro_batch() -> None:
     assert halved(odd, keep_global_batch=True) == [] and halved(odd, keep_global_batch=False)[0].micro_batch == 2
 
 
+def test_retries_with_batch_size_max_go_on_while_half_is_above_what_fitted() -> None:
+    # GPT-2 XL as measured on the GPU: the checkpointed layouts planned at 323 ran out of memory, ZeRO-3 fitted 32.
+    trials = [measured(ZERO2_OFFLOAD_CKPT, 323, 0.0, fits=False), measured(ZERO3_PARTIAL, 32, 10.0)]
+    (again,) = retries(trials, trials, keep_global_batch=False)
+    assert (again.layout, again.micro_batch) == (ZERO2_OFFLOAD_CKPT, 161)
+    small = [measured(ZERO2_OFFLOAD_CKPT, 48, 0.0, fits=False), measured(ZERO3_PARTIAL, 32, 10.0)]
+    assert retries(small, small, keep_global_batch=False) == [], "24 samples cannot beat the 32 that fitted"
+
+
+def test_retries_with_a_set_global_batch_only_while_nothing_fitted() -> None:
+    failed = [measured(ZERO2_OFFLOAD_CKPT, 16, 0.0, fits=False)]
+    assert [c.micro_batch for c in retries(failed, failed, keep_global_batch=True)] == [8]
+    both = [*failed, measured(ZERO2_OFFLOAD, 16, 9.0)]
+    assert retries(both, failed, keep_global_batch=True) == []
+
+
 def test_candidate_round_trips_through_the_cache_format() -> None:
     candidate = Candidate(ZERO3_PARTIAL, 8, 2, pin_memory=True, bucket_size=2**20)
     assert candidate_from_dict(json.loads(json.dumps(candidate_to_dict(candidate)))) == candidate
@@ -145,7 +162,7 @@ def test_zero_auto_is_a_registered_preset() -> None:
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("zero_auto")
-    run_script(RUNNER, str(out), "--scenarios", "auto", "auto_again", "auto_global", timeout=400)
+    run_script(RUNNER, str(out), "--scenarios", "auto", "auto_again", "auto_global", "auto_zero3", timeout=400)
     return out
 
 
@@ -173,3 +190,9 @@ def test_zero_auto_with_a_global_batch(runs: Path) -> None:
     run = result(runs, "auto_global")  # global 16 on 2 processes: 8 per process, fits without accumulation
     assert (run["micro_batch"], run["accumulation"], run["module_batch_size"]) == (8, 1, 8)
     assert not run["from_cache"]  # a different batch is a different cache key
+
+
+def test_trials_free_their_engines_zero3_included(runs: Path) -> None:
+    run = result(runs, "auto_zero3")
+    assert [name.split()[0] for name, _, _ in run["tried"]] == ["zero2", "zero1", "zero3"]
+    assert run["engines_added"] == 1, "only the run's own engine may be left after the trials"

@@ -21,7 +21,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from benchmarks.bench.catalogue import Experiment, Row, find_experiment
+from benchmarks.bench.catalogue import Experiment, Row, StrategySpec, find_experiment
 from benchmarks.bench.search import Bracket, SearchPolicy, bracket
 
 REPRODUCE = Path(__file__).resolve().parents[1] / "reproduce.py"
@@ -343,7 +343,7 @@ def measure_row(
         if clock.left() < needed:
             error = f"not measured: {clock.left():.0f} s left of the run, about {needed:.0f} s needed"
             return MeasureResult(None, batch, fresh_ooms, error, seconds)
-        timeout = max(needed + 30, min(clock.left() - 5, settings.measure_budget_s * 3 + 180))
+        timeout = max(needed + 30, min(clock.left() - 5, startup_s + settings.measure_budget_s * 3 + 135))
         budget = max(5.0, min(settings.measure_budget_s, (clock.left() - needed) / 2 + settings.min_steps * step_s))
         fit = measure_fit(settings, row, batch, budget_s=budget)
         outcome = run_trial(settings, f"{_slug(row)}-measure{attempt}", [fit], timeout)
@@ -365,9 +365,10 @@ AUTO_STARTUP_S = 150.0
 FIXED_STEP_S = {True: 4.0, False: 1.0}
 
 
-def run_fixed_row(settings: RunSettings, row: Row, batch: int, clock: Clock, auto: bool) -> dict[str, Any]:
-    """Measure a row at its given batch, with no search and no lowering (an OOM is the row's result)."""
-    spec = find_experiment(row.experiment).strategy(row.strategy)
+def run_fixed_row(settings: RunSettings, row: Row, spec: StrategySpec, clock: Clock) -> dict[str, Any]:
+    """Measure a row at its strategy's set batch, with no search and no lowering (an OOM is the row's result)."""
+    assert spec.batch is not None
+    batch, auto = spec.batch, spec.loader_driven
     startup = STARTUP_ESTIMATE_S + (AUTO_STARTUP_S if auto else 0.0)
     step_s = FIXED_STEP_S[auto or spec.offloads]
     result = measure_row(settings, row, batch, clock, step_s, attempts=1, startup_s=startup)
@@ -426,7 +427,7 @@ def run_row(
     }
     spec = experiment.strategy(row.strategy)
     if spec.batch is not None:
-        record.update(run_fixed_row(settings, row, spec.batch, clock, spec.loader_driven))
+        record.update(run_fixed_row(settings, row, spec, clock))
         annotate(record)
         return record
     search = search_row(settings, row, experiment, clock)

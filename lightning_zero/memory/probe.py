@@ -7,9 +7,11 @@ each block's input, and one block's saved tensors while that block is recomputed
 samples) give the per-sample slope and the fixed part.
 
 On CUDA the peak allocation above the model states is measured as well (``torch.cuda.max_memory_allocated``,
-once without and once with checkpointing). At one or two samples that peak is set by transients that do not
-grow with the batch (the embedding's gradient, the optimizer's buffers), so its slope can be near zero: the
-per-sample figure is the larger of the two slopes, and the fixed part is what the peak at one sample leaves.
+once without and once with checkpointing), at ``n`` and ``2n`` samples, ``n`` saving about
+:data:`PEAK_PROBE_BYTES`. At one or two samples that peak is set by transients that do not grow with the batch
+(the weight gradient of GPT-2 XL's 50k-token output layer is 160 MB), so its slope can be near zero there (that
+made the plan allow twice the checkpointed micro-batch that fits GPT-2 XL). The per-sample figure is the larger of
+the two slopes, and the fixed part is what the peak at ``n`` samples leaves.
 """
 
 from __future__ import annotations
@@ -25,9 +27,15 @@ from lightning.pytorch import LightningModule
 from torch import nn
 
 from lightning_zero.errors import ZeroConfigError
+from lightning_zero.precision import mixed_dtype
 from lightning_zero.strategies.blocks import enable_activation_checkpointing, transformer_blocks
 
 LossFn = Callable[[Any], torch.Tensor]
+
+#: On CUDA the smaller peak measurement takes as many samples as save about this many bytes ...
+PEAK_PROBE_BYTES = 2**30
+#: ... but no more than this many.
+PEAK_PROBE_MAX_SAMPLES = 64
 
 
 @dataclass(frozen=True)
@@ -149,7 +157,7 @@ class _SavedBytes:
 
 
 def _autocast(device: torch.device, precision: str) -> contextlib.AbstractContextManager[Any]:
-    dtype = {"16-mixed": torch.float16, "bf16-mixed": torch.bfloat16}.get(precision)
+    dtype = mixed_dtype(precision)
     if dtype is None:
         return contextlib.nullcontext()
     return torch.autocast(device_type=device.type, dtype=dtype)
@@ -200,14 +208,57 @@ def probe_activations(
     if device.type != "cuda":
         return ActivationProbe(*plain, *ckpt, method="saved tensors")
     _cuda_peak(model, loss_fn, one, precision, device)  # gradients allocated once, outside the measurement
-    plain = _with_peaks(plain[0], [_cuda_peak(model, loss_fn, b, precision, device) for b in (one, two)])
+    plain = per_sample_from_peaks(plain[0], _peaks(model, loss_fn, batch, precision, device, plain[0]))
     if enable_activation_checkpointing(model) == 0:
         return ActivationProbe(*plain, *plain, method="saved tensors + cuda peak")
-    ckpt = _with_peaks(ckpt[0], [_cuda_peak(model, loss_fn, b, precision, device) for b in (one, two)])
+    ckpt = per_sample_from_peaks(ckpt[0], _peaks(model, loss_fn, batch, precision, device, ckpt[0]))
     return ActivationProbe(*plain, *ckpt, method="saved tensors + cuda peak")
 
 
-def _with_peaks(saved_per_sample: int, peaks: list[int]) -> tuple[int, int]:
-    """``(per sample, fixed)`` from the saved-bytes slope and the peaks at 1 and 2 samples."""
-    per_sample = max(saved_per_sample, _line(*peaks)[0])
-    return per_sample, max(0, peaks[0] - per_sample)
+def peak_probe_sizes(saved_per_sample: int) -> tuple[int, int]:
+    """The batch sizes of the two CUDA peak measurements: ``n`` samples saving about :data:`PEAK_PROBE_BYTES`
+    (1 to :data:`PEAK_PROBE_MAX_SAMPLES`), and ``2n``."""
+    small = max(1, min(PEAK_PROBE_MAX_SAMPLES, PEAK_PROBE_BYTES // max(1, saved_per_sample)))
+    return small, 2 * small
+
+
+Peaks = tuple[tuple[int, int], tuple[int, int]]
+
+
+def _peaks(
+    model: nn.Module, loss_fn: LossFn, batch: Any, precision: str, device: torch.device, saved_per_sample: int
+) -> Peaks:
+    """The peaks at ``n`` and ``2n`` samples; ``n`` halves while the device runs out of memory."""
+    small = peak_probe_sizes(saved_per_sample)[0]
+    while small > 1:
+        peaks = _peaks_or_none(model, loss_fn, batch, precision, device, small)
+        if peaks is not None:
+            return peaks
+        small //= 2
+    return _measure_peaks(model, loss_fn, batch, precision, device, 1)  # out of memory at 1 sample: raised
+
+
+def _peaks_or_none(
+    model: nn.Module, loss_fn: LossFn, batch: Any, precision: str, device: torch.device, small: int
+) -> Peaks | None:
+    try:
+        return _measure_peaks(model, loss_fn, batch, precision, device, small)
+    except torch.OutOfMemoryError:
+        pass
+    model.zero_grad(set_to_none=False)  # the failed backward left partial gradients; its memory is freed now
+    torch.cuda.empty_cache()
+    return None
+
+
+def _measure_peaks(
+    model: nn.Module, loss_fn: LossFn, batch: Any, precision: str, device: torch.device, small: int
+) -> Peaks:
+    low, high = (_cuda_peak(model, loss_fn, take_samples(batch, n), precision, device) for n in (small, 2 * small))
+    return (small, low), (2 * small, high)
+
+
+def per_sample_from_peaks(saved_per_sample: int, peaks: Peaks) -> tuple[int, int]:
+    """``(per sample, fixed)`` from the saved-bytes slope and the peaks at ``n`` and ``2n`` samples."""
+    (small, low), (large, high) = peaks
+    per_sample = max(saved_per_sample, max(0, high - low) // (large - small))
+    return per_sample, max(0, low - per_sample * small)

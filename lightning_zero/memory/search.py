@@ -3,7 +3,8 @@
 Candidates come from the plan's DeepSpeed rows that fit the budget. With a fixed global batch each candidate
 gets the largest micro-batch that divides the per-device batch and fits, and the accumulation that keeps the
 global batch; with ``batch_size: max`` it gets the largest micro-batch that fits. Offload candidates use pinned
-host buffers on CUDA. When none fits (the plan was optimistic), they are tried again at half the micro-batch.
+host buffers on CUDA. What did not fit (the plan was optimistic) is tried again at half the micro-batch
+(:func:`retries`).
 ZenFlow is never a candidate. :func:`choose` takes the highest samples/s among the trials that fitted, ties
 going to the earlier candidate, so the same measurements always give the same choice.
 """
@@ -120,6 +121,20 @@ def halved(measurements: Sequence[Measurement], keep_global_batch: bool) -> list
         accumulation = candidate.accumulation * 2 if keep_global_batch else 1
         smaller.append(replace(candidate, micro_batch=candidate.micro_batch // 2, accumulation=accumulation))
     return smaller
+
+
+def retries(trials: Sequence[Measurement], latest: Sequence[Measurement], keep_global_batch: bool) -> list[Candidate]:
+    """What of the ``latest`` trials to try again at half the micro-batch, given all ``trials`` so far.
+
+    With a set global batch: what did not fit, while nothing has fitted. With ``batch_size: max``: what did not
+    fit and at half its micro-batch would still run more samples per step than anything that fitted (under
+    offload the CPU optimizer step costs the same at any batch, so the larger micro-batch is the likely winner).
+    """
+    fitted = [m.candidate.micro_batch for m in trials if m.fits]
+    if keep_global_batch and fitted:
+        return []
+    largest_fitted = max(fitted, default=0)
+    return [c for c in halved(latest, keep_global_batch) if c.micro_batch > largest_fitted]
 
 
 def choose(measurements: Sequence[Measurement]) -> Measurement:

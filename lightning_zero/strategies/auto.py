@@ -23,7 +23,7 @@ import dataclasses
 import gc
 import json
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -51,10 +51,11 @@ from lightning_zero.memory.search import (
     candidates,
     choose,
     format_trials,
-    halved,
     needless,
+    retries,
 )
 from lightning_zero.memory.states import ParameterShapes
+from lightning_zero.precision import half_dtype
 from lightning_zero.strategies import cpu_adam
 from lightning_zero.strategies.blocks import enable_activation_checkpointing
 from lightning_zero.strategies.deepspeed import ZeroStrategy
@@ -65,7 +66,7 @@ from lightning_zero.strategies.deepspeed_config import (
     to_deepspeed_config,
 )
 
-#: Times the candidates are tried again at half the micro-batch when none fitted.
+#: Rounds of trying again at half the micro-batch (:func:`~lightning_zero.memory.search.retries`).
 HALVINGS = 2
 
 
@@ -140,11 +141,12 @@ class ZeroAutoStrategy(ZeroStrategy):
 
     def setup(self, trainer: Any) -> None:
         assert self.lightning_module is not None
-        candidate = self.search(trainer)
+        first_batch = _first_batch(trainer, self.lightning_module)
+        candidate = self.search(trainer, first_batch)
         self.zero, config = deepspeed_config_for(self._base(), candidate)
         # Lightning may have resolved the config already (``configure_model`` asks for it): resolve this one.
         self.config = resolve_auto(config, self._candidate_values(trainer, candidate))
-        if candidate.micro_batch != self._dataloader_batch(trainer):
+        if candidate.micro_batch != samples_in(first_batch):
             if not lightning_hasattr(self.lightning_module, self.auto.batch_arg_name):
                 raise ZeroConfigError(
                     f"zero_auto sets `{self.auto.batch_arg_name}` but neither the module nor the datamodule has it:"
@@ -166,13 +168,16 @@ class ZeroAutoStrategy(ZeroStrategy):
             return torch.cuda.get_device_properties(self.root_device).total_memory / GIB
         raise ZeroConfigError("zero_auto off CUDA needs a budget: set `memory_budget_gib` (e.g. 4).")
 
-    def search(self, trainer: Any) -> Candidate:
-        """The cached choice for this model and setting, or the best of the trials (identical on every rank)."""
+    def search(self, trainer: Any, first_batch: Any) -> Candidate:
+        """The cached choice for this model and setting, or the best of the trials (identical on every rank).
+
+        ``first_batch`` is the run's first training batch: the probe and the trials run on its samples.
+        """
         module = self.lightning_module
         assert module is not None
-        batch = to_device(_first_batch(trainer, module), self.root_device)
+        batch = to_device(first_batch, self.root_device)
         shapes = ParameterShapes.of(module)
-        global_batch = self._global_batch(trainer)
+        global_batch = self._global_batch(trainer, samples_in(first_batch))
         key = self._cache_key(module, shapes, batch, global_batch)
         cached = self.broadcast(self._read_cache(key))
         if cached is not None:
@@ -183,10 +188,10 @@ class ZeroAutoStrategy(ZeroStrategy):
             tried = self.broadcast(self._candidates(trainer, module, shapes, batch, global_batch))
             latest = self.trials = self._measure_all(trainer, module, batch, tried)
             for _ in range(HALVINGS):
-                tried = halved(latest, keep_global_batch=global_batch != MAX)
-                if any(measurement.fits for measurement in self.trials) or not tried:
+                tried = retries(self.trials, latest, keep_global_batch=global_batch != MAX)
+                if not tried:
                     break
-                latest = self._measure_all(trainer, module, batch, tried)
+                latest = self._measure_all(trainer, module, batch, tried, earlier=self.trials)
                 self.trials = self.trials + latest
         best = choose(self.trials)
         rank_zero_info(format_trials(self.trials, best))
@@ -195,12 +200,17 @@ class ZeroAutoStrategy(ZeroStrategy):
         return best.candidate
 
     def _measure_all(
-        self, trainer: Any, module: LightningModule, batch: Any, tried: list[Candidate]
+        self,
+        trainer: Any,
+        module: LightningModule,
+        batch: Any,
+        tried: list[Candidate],
+        earlier: Sequence[Measurement] = (),
     ) -> list[Measurement]:
-        """The trials of ``tried`` in order, leaving out the :func:`needless` ones."""
+        """The trials of ``tried`` in order, leaving out the :func:`needless` ones (given the ``earlier`` trials)."""
         trials: list[Measurement] = []
         for candidate in tried:
-            if not needless(candidate, trials):
+            if not needless(candidate, [*earlier, *trials]):
                 trials.append(self.measure(trainer, module, batch, candidate))
         return trials
 
@@ -273,8 +283,7 @@ class ZeroAutoStrategy(ZeroStrategy):
                 raise
             ok, reason = False, "out of memory"
         finally:
-            if engine is not None:
-                engine.destroy()
+            _release(engine, trial)
             del engine, trial, optimizer, optimizers
             gc.collect()
             if self.root_device.type == "cuda":
@@ -338,8 +347,7 @@ class ZeroAutoStrategy(ZeroStrategy):
 
     def _engine_dtype(self) -> torch.dtype:
         """The dtype DeepSpeed converts the module to for the run's precision (fp32 when it does not)."""
-        precision = str(self.precision_plugin.precision)
-        return {"16": torch.float16, "bf16": torch.bfloat16}.get(precision.split("-")[0], torch.float32)
+        return half_dtype(self.precision_plugin.precision) or torch.float32
 
     def _reset_peak(self) -> int:
         """Reset the CUDA peak statistics; the bytes allocated now (0 off CUDA)."""
@@ -352,13 +360,9 @@ class ZeroAutoStrategy(ZeroStrategy):
         if self.root_device.type == "cuda":
             torch.cuda.synchronize(self.root_device)
 
-    def _dataloader_batch(self, trainer: Any) -> int:
-        return samples_in(_first_batch(trainer, self.lightning_module))
-
-    def _global_batch(self, trainer: Any) -> int | str:
+    def _global_batch(self, trainer: Any, per_device: int) -> int | str:
         if self.auto.batch_size is not None:
             return self.auto.batch_size
-        per_device = self._dataloader_batch(trainer)
         return per_device * self.world_size * int(trainer.accumulate_grad_batches)
 
     def _cache_key(self, module: nn.Module, shapes: ParameterShapes, batch: Any, global_batch: int | str) -> str:
@@ -410,6 +414,23 @@ def _empty_pinned_cache() -> None:
     empty = getattr(torch.accelerator, "empty_host_cache", None) or getattr(torch._C, "_host_emptyCache", None)
     if empty is not None:
         empty()
+
+
+def _release(engine: Any, trial: nn.Module) -> None:
+    """Let a trial's engine, module, gradients and optimizer state be freed.
+
+    ZeRO-3 keeps the modules it runs on a module-level stack: the root module for good, and the sub-modules of a
+    forward that an OOM cut short. ``destroy()`` does not take them off, so every ZeRO-3 trial would stay in
+    device and host memory for the rest of the process (seen on GPT-2 XL: the trials after one ran out of
+    memory, and so did the run at batch 1).
+    """
+    if engine is not None:
+        engine.destroy()
+    from deepspeed.runtime.zero import parameter_offload
+
+    modules = {id(module) for module in trial.modules()}
+    stack = parameter_offload.FWD_MODULE_STACK
+    stack[:] = [module for module in stack if id(module) not in modules]
 
 
 def _copy_of(module: LightningModule, trainer: Any) -> LightningModule:

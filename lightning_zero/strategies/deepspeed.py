@@ -40,19 +40,35 @@ from lightning_zero.strategies.deepspeed_config import (
     to_deepspeed_config,
     zero_config_of,
 )
-from lightning_zero.strategies.watchdog import (
-    RankWatchdog,
-    report_failed_peer,
-    start_rank_watchdog,
-    stop_rank_watchdog,
-)
+from lightning_zero.strategies.watchdog import WatchedRanks
 
 if TYPE_CHECKING:
     import deepspeed
     from lightning.pytorch.core.optimizer import LRSchedulerConfig
 
 
-class DeepSpeedZeroStrategy(SafeCheckpoints, DeepSpeedStrategy):
+class _DeepSpeedOnCpu(DeepSpeedStrategy):
+    """Lightning's ``DeepSpeedStrategy``, which refuses anything but CUDA at set-up; DeepSpeed itself runs on CPU."""
+
+    @property
+    def on_cpu(self) -> bool:
+        return self.root_device.type == "cpu"
+
+    def setup_environment(self) -> None:
+        if self.on_cpu:
+            _use_deepspeed_cpu_accelerator()
+        DDPStrategy.setup_environment(self)
+
+    def setup_distributed(self) -> None:
+        if not self.on_cpu:
+            super().setup_distributed()
+            return
+        reset_seed()
+        self.set_world_ranks()
+        self._init_deepspeed_distributed()
+
+
+class DeepSpeedZeroStrategy(WatchedRanks, SafeCheckpoints, _DeepSpeedOnCpu):
     """ZeRO stages 0-3 with optional CPU/NVMe offload, through DeepSpeed (also known as ``ZeroStrategy``).
 
     Args:
@@ -110,26 +126,6 @@ class DeepSpeedZeroStrategy(SafeCheckpoints, DeepSpeedStrategy):
             remote_device=remote_device,
         )
         self._transformers_zero3: Any = None
-        self._rank_watchdog: RankWatchdog | None = None
-
-    @property
-    def on_cpu(self) -> bool:
-        return self.root_device.type == "cpu"
-
-    def setup_environment(self) -> None:
-        # Lightning's DeepSpeedStrategy refuses anything but CUDA here; DeepSpeed itself runs on CPU.
-        if self.on_cpu:
-            _use_deepspeed_cpu_accelerator()
-        DDPStrategy.setup_environment(self)
-        self._rank_watchdog = start_rank_watchdog()
-
-    def setup_distributed(self) -> None:
-        if not self.on_cpu:
-            super().setup_distributed()
-            return
-        reset_seed()
-        self.set_world_ranks()
-        self._init_deepspeed_distributed()
 
     def setup(self, trainer: Any) -> None:
         apply_memory_budget(self, "deepspeed")
@@ -157,12 +153,7 @@ class DeepSpeedZeroStrategy(SafeCheckpoints, DeepSpeedStrategy):
 
             unset_hf_deepspeed_config()
             self._transformers_zero3 = None
-        stop_rank_watchdog(self._rank_watchdog)
         super().teardown()
-
-    def on_exception(self, exception: BaseException) -> None:
-        report_failed_peer(self._rank_watchdog, exception)
-        super().on_exception(exception)
 
     @property
     def _device_rank(self) -> int:

@@ -43,12 +43,7 @@ from lightning_zero.strategies.fairscale_config import (
     oss_options,
     sharded_ddp_options,
 )
-from lightning_zero.strategies.watchdog import (
-    RankWatchdog,
-    report_failed_peer,
-    start_rank_watchdog,
-    stop_rank_watchdog,
-)
+from lightning_zero.strategies.watchdog import WatchedRanks
 
 if TYPE_CHECKING:
     import lightning.pytorch as pl
@@ -65,7 +60,7 @@ def require_fairscale() -> None:
         raise ZeroConfigError(FAIRSCALE_MISSING) from None
 
 
-class FairScaleStrategy(SafeCheckpoints, DDPStrategy):
+class FairScaleStrategy(WatchedRanks, SafeCheckpoints, DDPStrategy):
     """ZeRO stage 1 (OSS + DDP) or 2 (OSS + ShardedDataParallel) through FairScale.
 
     Args:
@@ -103,11 +98,6 @@ class FairScaleStrategy(SafeCheckpoints, DDPStrategy):
             timeout=timeout,
             **(ddp_options(self.zero) if self.zero.stage == 1 else {}),
         )
-        self._rank_watchdog: RankWatchdog | None = None
-
-    def setup_environment(self) -> None:
-        super().setup_environment()
-        self._rank_watchdog = start_rank_watchdog()
 
     @property
     def sharded_ddp(self) -> Any:
@@ -206,15 +196,10 @@ class FairScaleStrategy(SafeCheckpoints, DDPStrategy):
     def teardown(self) -> None:
         if self.sharded_ddp is not None:
             self.model = self.lightning_module
-        stop_rank_watchdog(self._rank_watchdog)
         super().teardown()
 
     def checkpoint_identity(self) -> tuple[str, int]:
         return "fairscale", self.zero.stage
-
-    def on_exception(self, exception: BaseException) -> None:
-        report_failed_peer(self._rank_watchdog, exception)
-        super().on_exception(exception)
 
 
 def to_oss(optimizer: Optimizer, config: FairScaleZeroConfig) -> OSS:

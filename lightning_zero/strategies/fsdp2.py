@@ -32,12 +32,7 @@ from lightning_zero.errors import ZeroConfigError
 from lightning_zero.memory.budget import apply_memory_budget
 from lightning_zero.strategies.blocks import enable_activation_checkpointing, transformer_blocks
 from lightning_zero.strategies.fsdp2_config import FSDP2ZeroConfig, fully_shard_options
-from lightning_zero.strategies.watchdog import (
-    RankWatchdog,
-    report_failed_peer,
-    start_rank_watchdog,
-    stop_rank_watchdog,
-)
+from lightning_zero.strategies.watchdog import WatchedRanks
 
 if TYPE_CHECKING:
     import lightning.pytorch as pl
@@ -45,7 +40,7 @@ if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
 
 
-class FSDP2Strategy(SafeCheckpoints, ModelParallelStrategy):
+class FSDP2Strategy(WatchedRanks, SafeCheckpoints, ModelParallelStrategy):
     """ZeRO stage 2 or 3, optionally with CPU offload, through FSDP2, with no model code changes.
 
     Args:
@@ -82,7 +77,6 @@ class FSDP2Strategy(SafeCheckpoints, ModelParallelStrategy):
         self.parallel_devices = parallel_devices
         self.cluster_environment = cluster_environment
         self.precision_plugin = precision_plugin
-        self._rank_watchdog: RankWatchdog | None = None
 
     @property
     def offloads(self) -> bool:
@@ -99,15 +93,6 @@ class FSDP2Strategy(SafeCheckpoints, ModelParallelStrategy):
         self._data_parallel_size = self.num_nodes * self.num_processes
         self._tensor_parallel_size = 1
         super().setup_environment()
-        self._rank_watchdog = start_rank_watchdog()
-
-    def teardown(self) -> None:
-        stop_rank_watchdog(self._rank_watchdog)
-        super().teardown()
-
-    def on_exception(self, exception: BaseException) -> None:
-        report_failed_peer(self._rank_watchdog, exception)
-        super().on_exception(exception)
 
     def setup(self, trainer: pl.Trainer) -> None:
         """ModelParallelStrategy's set-up, with the sharding that it expects from ``configure_model`` done here."""

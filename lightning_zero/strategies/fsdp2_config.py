@@ -11,6 +11,7 @@ from typing import Any, Literal
 import torch
 
 from lightning_zero.errors import ZeroConfigError
+from lightning_zero.precision import mixed_dtype
 from lightning_zero.strategies.config import ZeroConfig, require_stages
 
 CheckpointFormat = Literal["sharded", "full"]
@@ -61,9 +62,6 @@ class FSDP2ZeroConfig(ZeroConfig):
             )
 
 
-_MIXED_DTYPES = {"bf16-mixed": torch.bfloat16, "16-mixed": torch.float16}
-
-
 def mixed_precision_dtypes(precision: str, reduce_in_fp32: bool) -> tuple[torch.dtype | None, torch.dtype | None]:
     """``(param_dtype, reduce_dtype)`` for FSDP2's ``MixedPrecisionPolicy`` under a Trainer precision.
 
@@ -71,7 +69,7 @@ def mixed_precision_dtypes(precision: str, reduce_in_fp32: bool) -> tuple[torch.
     gradients in fp32 or that dtype. Other precisions (``32-true``, ``bf16-true``...) compute in the dtype the
     parameters are stored in: ``(None, None)``.
     """
-    dtype = _MIXED_DTYPES.get(precision)
+    dtype = mixed_dtype(precision)
     if dtype is None:
         return None, None
     return dtype, torch.float32 if reduce_in_fp32 else dtype

@@ -136,12 +136,6 @@ def start_rank_watchdog() -> RankWatchdog | None:
     return RankWatchdog(rank, local_peers(rank, hosts_and_pids, host)).start()
 
 
-def stop_rank_watchdog(watchdog: RankWatchdog | None) -> None:
-    """Stop ``watchdog`` if there is one (the strategy's ``teardown``)."""
-    if watchdog is not None:
-        watchdog.stop()
-
-
 def report_failed_peer(watchdog: RankWatchdog | None, exception: BaseException) -> None:
     """Name the rank that ended first, if any, when this rank fails (the strategy's ``on_exception``); bad input
     (a :class:`ZeroConfigError`, which every rank finds by itself) only stops the watchdog."""
@@ -151,3 +145,24 @@ def report_failed_peer(watchdog: RankWatchdog | None, exception: BaseException) 
         watchdog.stop()
     else:
         watchdog.report_failed_peer()
+
+
+class WatchedRanks:
+    """Mixin placed before a Lightning strategy class: a :class:`RankWatchdog` from the end of
+    ``setup_environment`` (the process group exists then) to ``teardown``, and the failed peer named in
+    ``on_exception``."""
+
+    _rank_watchdog: RankWatchdog | None = None
+
+    def setup_environment(self) -> None:
+        super().setup_environment()  # type: ignore[misc]
+        self._rank_watchdog = start_rank_watchdog()
+
+    def teardown(self) -> None:
+        if self._rank_watchdog is not None:
+            self._rank_watchdog.stop()
+        super().teardown()  # type: ignore[misc]
+
+    def on_exception(self, exception: BaseException) -> None:
+        report_failed_peer(self._rank_watchdog, exception)
+        super().on_exception(exception)  # type: ignore[misc]

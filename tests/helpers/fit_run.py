@@ -1,6 +1,6 @@
 """Scenarios of the batch-size finder and zero_auto in one 2-process CPU launch; each rank writes what it saw.
 
-    python tests/helpers/fit_run.py OUT_DIR --scenarios budget oom global plain auto auto_again auto_global
+    python tests/helpers/fit_run.py OUT_DIR --scenarios budget oom global plain auto auto_again auto_global auto_zero3
 
 A synthetic memory-hungry module "uses" ``MIB_PER_SAMPLE`` MiB per sample; the finder's injected check compares
 that with a per-rank emulated budget, and the ``oom`` scenario raises ``torch.OutOfMemoryError`` on rank 1 only.
@@ -10,6 +10,7 @@ Rank r writes OUT_DIR/SCENARIO-rank{r}.json.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import sys
 from pathlib import Path
@@ -105,16 +106,17 @@ def run_plain(strategy: str, batch_size: int, accumulate: int) -> dict[str, Any]
     return {"losses": module.losses}
 
 
-def run_auto(cache_file: Path, batch_size: int | str | None) -> dict[str, Any]:
+def run_auto(cache_file: Path, batch_size: int | str | None, max_trials: int = 2) -> dict[str, Any]:
     L.seed_everything(7)
     module = Hungry(batch_size=4)
-    zero = {"memory_budget_gib": 1, "max_trials": 2, "trial_steps": 1, "cache_file": str(cache_file)}
+    zero = {"memory_budget_gib": 1, "max_trials": max_trials, "trial_steps": 1, "cache_file": str(cache_file)}
     strategy = build_preset("zero_auto", **zero, batch_size=batch_size)
     trainer = quiet_trainer(
         devices=2,
         strategy=strategy,
         max_steps=STEPS,
     )
+    engines_before = engines_alive()
     trainer.fit(module)
     assert strategy.chosen is not None
     return {
@@ -126,7 +128,16 @@ def run_auto(cache_file: Path, batch_size: int | str | None) -> dict[str, Any]:
         "from_cache": strategy.from_cache,
         "tried": [(m.candidate.name, m.fits, m.samples_per_sec) for m in strategy.trials],
         "losses": module.losses,
+        "engines_added": engines_alive() - engines_before,
     }
+
+
+def engines_alive() -> int:
+    """DeepSpeed engines in memory (a run adds its own, and any trial engine that was not freed)."""
+    import deepspeed
+
+    gc.collect()
+    return sum(isinstance(thing, deepspeed.DeepSpeedEngine) for thing in gc.get_objects())
 
 
 def run_over_budget() -> dict[str, Any]:
@@ -145,6 +156,8 @@ def scenario(name: str, out: Path) -> dict[str, Any]:
         return run_auto(out / "zero_auto_cache.json", batch_size=None)
     if name == "auto_global":
         return run_auto(out / "zero_auto_cache.json", batch_size=16)
+    if name == "auto_zero3":  # the third candidate is ZeRO-3
+        return run_auto(out / "zero_auto_zero3_cache.json", batch_size=None, max_trials=3)
     if name == "budget":
         return run_finder("zero2", ZeroBatchSizeFinder(max_batch_size=32, fits=within_emulated_budget))
     if name == "oom":
