@@ -9,9 +9,9 @@ samples) give the per-sample slope and the fixed part.
 On CUDA the peak allocation above the model states is measured as well (``torch.cuda.max_memory_allocated``,
 once without and once with checkpointing), at ``n`` and ``2n`` samples, ``n`` saving about
 :data:`PEAK_PROBE_BYTES`. At one or two samples that peak is set by transients that do not grow with the batch
-(the weight gradient of GPT-2 XL's 50k-token output layer is 160 MB), so its slope can be near zero there (that
-made the plan allow twice the checkpointed micro-batch that fits GPT-2 XL). The per-sample figure is the larger of
-the two slopes, and the fixed part is what the peak at ``n`` samples leaves.
+(the weight gradient of GPT-2 XL's 50k-token output layer is 160 MB), so its slope can be near zero there (so
+measured, the plan allowed GPT-2 XL 323 checkpointed samples on a 24 GiB card, and they did not fit). The
+per-sample figure is the larger of the two slopes, and the fixed part is what the peak at ``n`` samples leaves.
 """
 
 from __future__ import annotations
