@@ -231,23 +231,14 @@ def _peaks(
     """The peaks at ``n`` and ``2n`` samples; ``n`` halves while the device runs out of memory."""
     small = peak_probe_sizes(saved_per_sample)[0]
     while small > 1:
-        peaks = _peaks_or_none(model, loss_fn, batch, precision, device, small)
-        if peaks is not None:
-            return peaks
+        try:
+            return _measure_peaks(model, loss_fn, batch, precision, device, small)
+        except torch.OutOfMemoryError:
+            pass
+        model.zero_grad(set_to_none=False)  # the failed backward left partial gradients; its memory is freed now
+        torch.cuda.empty_cache()
         small //= 2
     return _measure_peaks(model, loss_fn, batch, precision, device, 1)  # out of memory at 1 sample: raised
-
-
-def _peaks_or_none(
-    model: nn.Module, loss_fn: LossFn, batch: Any, precision: str, device: torch.device, small: int
-) -> Peaks | None:
-    try:
-        return _measure_peaks(model, loss_fn, batch, precision, device, small)
-    except torch.OutOfMemoryError:
-        pass
-    model.zero_grad(set_to_none=False)  # the failed backward left partial gradients; its memory is freed now
-    torch.cuda.empty_cache()
-    return None
 
 
 def _measure_peaks(

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from torch import nn
 
 from lightning_zero.memory.footprint import full_numel
+from lightning_zero.precision import half_dtype, mixed_dtype
 
 ADAM_STATES = 2
 FP32 = 4
@@ -111,9 +112,9 @@ class Precision:
     def of(cls, precision: str, backend: str) -> Precision:
         """DeepSpeed keeps 16-bit parameters and gradients plus an fp32 master copy under ``*-mixed``; the other
         backends keep fp32 parameters and autocast."""
-        if backend == "deepspeed" and precision.endswith("-mixed") and precision.startswith(("16", "bf16")):
+        if backend == "deepspeed" and mixed_dtype(precision) is not None:
             return cls(parameter=2, gradient=2, master=FP32)
-        if precision.startswith(("16-true", "bf16-true")):
+        if half_dtype(precision) is not None and precision.endswith("-true"):
             return cls(parameter=2, gradient=2, master=0)
         return cls(parameter=FP32, gradient=FP32, master=0)
 
