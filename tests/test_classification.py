@@ -215,3 +215,23 @@ def test_minilm_learns_movie_review_sentiment_in_60_steps(tmp_path: Path) -> Non
     assert after["val_loss"] < before["val_loss"] - 0.05, (before, after)
     assert after["val_acc"] > majority + 0.05, (majority, before, after)
     assert {"train_loss", "val_loss", "val_acc", "val_f1"} <= set(after)
+
+
+def test_a_16_bit_checkpoint_loads_in_fp32(tmp_path: Path) -> None:
+    from transformers import AutoModelForCausalLM
+
+    from lightning_zero.models.loading import build_model
+
+    model: Any = build_model(AutoModelForCausalLM, "shape:tiny-gpt2", vocab_size=64)
+    model.to(torch.float16).save_pretrained(tmp_path)
+    loaded = build_model(AutoModelForCausalLM, str(tmp_path))
+    assert {p.dtype for p in loaded.parameters()} == {torch.float32}, "the optimizer's weights must be fp32"
+
+
+def test_zero3_moves_the_tasks_metrics_where_deepspeed_left_the_module_alone() -> None:
+    from lightning_zero.strategies.deepspeed import metrics_to_device
+
+    task = SequenceClassificationTask(model="shape:tiny-bert", num_labels=2)
+    metrics_to_device(task, torch.device("meta"))
+    states = [metric.tp for metric in task.val_metrics.values() if hasattr(metric, "tp")]
+    assert states and all(state.device.type == "meta" for state in states)

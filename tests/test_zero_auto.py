@@ -21,9 +21,9 @@ from lightning_zero.memory.search import (
     candidates,
     choose,
     format_trials,
-    halved,
     needless,
     retries,
+    smaller,
 )
 from lightning_zero.memory.states import Layout, ModelStates
 from lightning_zero.strategies.auto import AutoZeroConfig, ZeroAutoStrategy, deepspeed_config_for
@@ -89,8 +89,9 @@ def test_choice_is_the_fastest_that_fits_and_deterministic() -> None:
     assert choose(trials) is trials[0]  # the tie goes to the earlier candidate
     assert choose(list(reversed(trials))) is trials[3]
     assert choose(trials[1:]) is trials[3]
-    table = format_trials(trials, trials[0])
+    table = format_trials([*trials, Measurement(trials[0].candidate, True, 10.1, peak_bytes=23 * 2**30)], trials[0])
     assert "-> zero2_offload 16x1 pinned" in table and "no: out of memory" in table
+    assert table.splitlines()[-1].endswith("10.10 samples/s  (peak 23.0 GiB)"), "a measured peak is shown"
 
 
 def test_nothing_fitting_is_a_one_line_error() -> None:
@@ -113,14 +114,34 @@ def test_parameter_offload_is_tried_only_while_nothing_keeping_parameters_fitted
     assert not needless(measured(ZERO2_OFFLOAD, 16, 1.0).candidate, [measured(ZERO2_OFFLOAD_CKPT, 16, 3.0)])
 
 
-def test_what_did_not_fit_is_retried_at_half_the_micro_batch() -> None:
-    trials = [measured(ZERO2_OFFLOAD_CKPT, 64, 0.0, fits=False), measured(ZERO2_OFFLOAD, 16, 9.0)]
-    (smaller,) = halved(trials, keep_global_batch=False)
-    assert (smaller.layout, smaller.micro_batch, smaller.accumulation) == (ZERO2_OFFLOAD_CKPT, 32, 1)
-    (kept,) = halved(trials, keep_global_batch=True)
-    assert (kept.micro_batch, kept.accumulation) == (32, 2), "the global batch stays 64"
-    odd = [measured(ZERO2_OFFLOAD, 5, 0.0, fits=False), measured(ZERO2_OFFLOAD, 1, 0.0, fits=False)]
-    assert halved(odd, keep_global_batch=True) == [] and halved(odd, keep_global_batch=False)[0].micro_batch == 2
+def test_what_did_not_fit_is_retried_smaller() -> None:
+    failed = measured(ZERO2_OFFLOAD_CKPT, 64, 0.0, fits=False)
+    assert smaller(measured(ZERO2_OFFLOAD, 16, 9.0), keep_global_batch=False) is None, "it fitted"
+    half = smaller(failed, keep_global_batch=False)
+    assert half is not None and (half.layout, half.micro_batch, half.accumulation) == (ZERO2_OFFLOAD_CKPT, 32, 1)
+    kept = smaller(failed, keep_global_batch=True)
+    assert kept is not None and (kept.micro_batch, kept.accumulation) == (32, 2), "the global batch stays 64"
+    odd = smaller(measured(ZERO2_OFFLOAD, 5, 0.0, fits=False), keep_global_batch=True)
+    assert odd is not None and (odd.micro_batch, odd.accumulation) == (1, 5)
+    assert smaller(measured(ZERO2_OFFLOAD, 1, 0.0, fits=False), keep_global_batch=False) is None, "nothing below 1"
+    # A trial that fitted the device but left too little of the budget free says where to try again.
+    near = dataclasses.replace(measured(ZERO2_OFFLOAD_CKPT, 197, 0.0, fits=False), retry_at=177)
+    assert getattr(smaller(near, keep_global_batch=False), "micro_batch", None) == 177
+    near_kept = dataclasses.replace(measured(ZERO2_OFFLOAD_CKPT, 96, 0.0, fits=False), retry_at=90)
+    again = smaller(near_kept, keep_global_batch=True)
+    assert again is not None and (again.micro_batch, again.accumulation) == (48, 2)
+
+
+def test_a_trial_over_the_margin_is_retried_when_it_ran_faster_than_what_fitted() -> None:
+    # GPT-2 XL on the GPU: ZeRO-3 + checkpointing fitted 200 at 49.6 samples/s; ZeRO-1/2 offload + checkpointing
+    # ran 197 at 109 and 105 samples/s with peaks of 23.3 GiB of 24 (the run then ran out of memory).
+    zero3 = measured(ZERO3_PARTIAL, 200, 49.6)
+    zero2 = dataclasses.replace(measured(ZERO2_OFFLOAD_CKPT, 197, 105.3, fits=False), retry_at=177)
+    slower = dataclasses.replace(measured(ZERO2_OFFLOAD, 197, 40.0, fits=False), retry_at=177)
+    trials = [zero3, zero2, slower]
+    assert [(c.layout, c.micro_batch) for c in retries(trials, trials, keep_global_batch=False)] == [
+        (ZERO2_OFFLOAD_CKPT, 177)
+    ], "an out-of-memory trial at 177 < 200 would not be retried, a faster one over the margin is"
 
 
 def test_retries_with_batch_size_max_go_on_while_half_is_above_what_fitted() -> None:

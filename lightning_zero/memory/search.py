@@ -3,7 +3,7 @@
 Candidates come from the plan's DeepSpeed rows that fit the budget. With a fixed global batch each candidate
 gets the largest micro-batch that divides the per-device batch and fits, and the accumulation that keeps the
 global batch; with ``batch_size: max`` it gets the largest micro-batch that fits. Offload candidates use pinned
-host buffers on CUDA. What did not fit (the plan was optimistic) is tried again at half the micro-batch
+host buffers on CUDA. What did not fit (the plan was optimistic) is tried again at a smaller micro-batch
 (:func:`retries`).
 ZenFlow is never a candidate. :func:`choose` takes the highest samples/s among the trials that fitted, ties
 going to the earlier candidate, so the same measurements always give the same choice.
@@ -43,13 +43,19 @@ class Candidate:
 
 @dataclass(frozen=True)
 class Measurement:
-    """What a trial of a candidate gave: whether it fitted, its samples/s, and why it did not."""
+    """What a trial of a candidate gave: whether it fitted, its samples/s, its peak, and why it did not fit.
+
+    ``peak_bytes`` is the largest device memory reserved during the trial on any rank (0 where not measured);
+    ``samples_per_sec`` is set when the steps ran, even if the trial then did not count as fitting;
+    ``retry_at`` is the micro-batch to try again at when it did not fit (0: half of it).
+    """
 
     candidate: Candidate
     fits: bool
     samples_per_sec: float = 0.0
     peak_bytes: int = 0
     reason: str = ""
+    retry_at: int = 0
 
 
 def largest_divisor_at_most(value: int, limit: int) -> int:
@@ -110,31 +116,44 @@ def needless(candidate: Candidate, measurements: Sequence[Measurement]) -> bool:
     )
 
 
-def halved(measurements: Sequence[Measurement], keep_global_batch: bool) -> list[Candidate]:
-    """The candidates that did not fit, at half their micro-batch: accumulation doubles to keep a set global
-    batch (odd micro-batches are then dropped); with ``batch_size: max`` it stays 1."""
-    smaller = []
-    for measurement in measurements:
-        candidate = measurement.candidate
-        if measurement.fits or candidate.micro_batch < 2 or (keep_global_batch and candidate.micro_batch % 2):
-            continue
-        accumulation = candidate.accumulation * 2 if keep_global_batch else 1
-        smaller.append(replace(candidate, micro_batch=candidate.micro_batch // 2, accumulation=accumulation))
-    return smaller
+def smaller(measurement: Measurement, keep_global_batch: bool) -> Candidate | None:
+    """A trial that did not fit, at a smaller micro-batch: its ``retry_at``, else half (``None``: none smaller).
+
+    To keep a set global batch, the micro-batch is the largest divisor of the samples per step at most that,
+    and accumulation makes up the rest; with ``batch_size: max`` accumulation stays 1.
+    """
+    candidate = measurement.candidate
+    target = min(measurement.retry_at or candidate.micro_batch // 2, candidate.micro_batch - 1)
+    per_step = candidate.micro_batch * candidate.accumulation
+    micro = largest_divisor_at_most(per_step, target) if keep_global_batch else target
+    if measurement.fits or micro < 1:
+        return None
+    return replace(candidate, micro_batch=micro, accumulation=per_step // micro if keep_global_batch else 1)
 
 
 def retries(trials: Sequence[Measurement], latest: Sequence[Measurement], keep_global_batch: bool) -> list[Candidate]:
-    """What of the ``latest`` trials to try again at half the micro-batch, given all ``trials`` so far.
+    """What of the ``latest`` trials to try again at a smaller micro-batch (:func:`smaller`), given all ``trials``.
 
     With a set global batch: what did not fit, while nothing has fitted. With ``batch_size: max``: what did not
-    fit and at half its micro-batch would still run more samples per step than anything that fitted (under
-    offload the CPU optimizer step costs the same at any batch, so the larger micro-batch is the likely winner).
+    fit and could still beat what fitted. A trial that ran but left too little of the budget free could if it
+    ran faster than anything that fitted; one that ran out of memory could if its smaller micro-batch is still
+    larger than anything that fitted (under offload the CPU optimizer step costs the same at any batch, so the
+    larger micro-batch is the likely winner).
     """
-    fitted = [m.candidate.micro_batch for m in trials if m.fits]
+    fitted = [m for m in trials if m.fits]
     if keep_global_batch and fitted:
         return []
-    largest_fitted = max(fitted, default=0)
-    return [c for c in halved(latest, keep_global_batch) if c.micro_batch > largest_fitted]
+    largest = max((m.candidate.micro_batch for m in fitted), default=0)
+    fastest = max((m.samples_per_sec for m in fitted), default=0.0)
+    again = []
+    for measurement in latest:
+        retried = smaller(measurement, keep_global_batch)
+        if retried is None:
+            continue
+        ran = measurement.samples_per_sec > 0
+        if measurement.samples_per_sec > fastest if ran else retried.micro_batch > largest:
+            again.append(retried)
+    return again
 
 
 def choose(measurements: Sequence[Measurement]) -> Measurement:
@@ -158,6 +177,8 @@ def format_trials(measurements: Sequence[Measurement], chosen: Measurement) -> s
     for m in measurements:
         mark = "->" if m is chosen else "  "
         result = f"{m.samples_per_sec:8.2f} samples/s" if m.fits else f"no: {m.reason}"
+        if m.peak_bytes:
+            result += f"  (peak {m.peak_bytes / 2**30:.1f} GiB)"
         lines.append(f"{mark} {m.candidate.name:<40} {result}")
     return "\n".join(lines)
 

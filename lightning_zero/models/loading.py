@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
 from torch import nn
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
@@ -28,10 +29,14 @@ def build_model(auto_class: Any, source: str, vocab_size: int | None = None, **c
         source: A local folder, a hub name, or ``shape:NAME`` (see :mod:`lightning_zero.models.shapes`).
         vocab_size: For shapes, the tokenizer's vocabulary size; ignored for pretrained weights.
         config_overrides: Config fields, e.g. ``num_labels=2``.
+
+    Pretrained weights load in fp32 whatever dtype they were saved in (transformers would keep a bf16 or fp16
+    checkpoint's dtype): the precision plugin or DeepSpeed casts what runs in 16 bits, and mixed precision keeps
+    the weights the optimizer updates in fp32.
     """
     if is_shape(source):
         config = shape_config(source, vocab_size=vocab_size)
         for key, value in config_overrides.items():
             setattr(config, key, value)
         return auto_class.from_config(config)
-    return auto_class.from_pretrained(resolve_pretrained(source), **config_overrides)
+    return auto_class.from_pretrained(resolve_pretrained(source), **{"dtype": torch.float32, **config_overrides})

@@ -16,6 +16,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import torch
 from lightning.fabric.plugins.collectives.torch_collective import default_pg_timeout
 from lightning.fabric.utilities.seed import reset_seed
 from lightning.pytorch.strategies import DDPStrategy, DeepSpeedStrategy
@@ -45,6 +46,19 @@ from lightning_zero.strategies.watchdog import WatchedRanks
 if TYPE_CHECKING:
     import deepspeed
     from lightning.pytorch.core.optimizer import LRSchedulerConfig
+
+
+def metrics_to_device(module: Module, device: torch.device) -> None:
+    """Move the module's torchmetrics metrics to ``device``.
+
+    DeepSpeed does not move a module whose parameters ZeRO-3 created partitioned (a model built in
+    ``configure_model``), so metrics built in ``__init__`` would stay in host memory and refuse device inputs.
+    """
+    from torchmetrics import Metric
+
+    for submodule in module.modules():
+        if isinstance(submodule, Metric):
+            submodule.to(device)
 
 
 class _DeepSpeedOnCpu(DeepSpeedStrategy):
@@ -134,6 +148,9 @@ class DeepSpeedZeroStrategy(WatchedRanks, SafeCheckpoints, _DeepSpeedOnCpu):
             count = enable_activation_checkpointing(self.model)
             rank_zero_info(f"Activation checkpointing on {count} transformer blocks.")
         super().setup(trainer)
+        if self.zero_stage_3:
+            assert self.lightning_module is not None
+            metrics_to_device(self.lightning_module, self.root_device)
 
     @contextmanager
     def model_sharded_context(self) -> Generator[None, None, None]:
