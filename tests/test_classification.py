@@ -19,6 +19,7 @@ from lightning_zero.hardware import cpu_precision
 from lightning_zero.tasks import base
 from lightning_zero.tasks.classification import SequenceClassificationTask
 from lightning_zero.tasks.optimization import decay_parameter_names, parameter_groups
+from tests.helpers.runif import RunIf
 
 MINILM = "sentence-transformers/all-MiniLM-L6-v2"
 
@@ -235,3 +236,15 @@ def test_zero3_moves_the_tasks_metrics_where_deepspeed_left_the_module_alone() -
     metrics_to_device(task, torch.device("meta"))
     states = [metric.tp for metric in task.val_metrics.values() if hasattr(metric, "tp")]
     assert states and all(state.device.type == "meta" for state in states)
+
+
+@RunIf(min_cuda_gpus=1)
+def test_zero3_validates_on_a_gpu(tmp_path: Path) -> None:
+    data = MovieReviewsDataModule(limit_train=16, limit_val=16, max_length=32, batch_size=8)
+    task = SequenceClassificationTask(model=MINILM)
+    trainer = L.Trainer(
+        accelerator="gpu", devices=1, strategy="zero3", precision="bf16-mixed", max_epochs=1, logger=False,
+        enable_checkpointing=False, enable_progress_bar=False, num_sanity_val_steps=0, default_root_dir=tmp_path,
+    )  # fmt: skip
+    trainer.fit(task, data)
+    assert {"val_acc", "val_f1"} <= set(trainer.callback_metrics)

@@ -1,8 +1,9 @@
 """Accuracy parity: the same fine-tune under single device and our presets, from the same seeds.
 
 Each run is the product's own command, ``main.py fit``, over ``configs/quickstart.yaml`` (pretrained MiniLM-L6 on
-the shipped movie reviews) with the strategy, seed, device and precision set, in a process of its own. The
-validation split is the data module's fixed one, so runs of one seed differ only by strategy. The table gives
+the shipped movie reviews) with the strategy, seed, device and precision set, in a process of its own. The seed
+is ``seed_everything`` (the new head's initialisation, dropout); the split and the batch order are the data
+module's own, fixed, so runs of one seed differ only by strategy. The table gives
 accuracy and F1 as mean ± standard deviation over seeds, and each strategy's mean difference from the single
 device run of the same seed.
 """

@@ -122,11 +122,13 @@ def smaller(measurement: Measurement, keep_global_batch: bool) -> Candidate | No
     To keep a set global batch, the micro-batch is the largest divisor of the samples per step at most that,
     and accumulation makes up the rest; with ``batch_size: max`` accumulation stays 1.
     """
+    if measurement.fits:
+        return None
     candidate = measurement.candidate
     target = min(measurement.retry_at or candidate.micro_batch // 2, candidate.micro_batch - 1)
     per_step = candidate.micro_batch * candidate.accumulation
     micro = largest_divisor_at_most(per_step, target) if keep_global_batch else target
-    if measurement.fits or micro < 1:
+    if micro < 1:
         return None
     return replace(candidate, micro_batch=micro, accumulation=per_step // micro if keep_global_batch else 1)
 
@@ -135,10 +137,10 @@ def retries(trials: Sequence[Measurement], latest: Sequence[Measurement], keep_g
     """What of the ``latest`` trials to try again at a smaller micro-batch (:func:`smaller`), given all ``trials``.
 
     With a set global batch: what did not fit, while nothing has fitted. With ``batch_size: max``: what did not
-    fit and could still beat what fitted. A trial that ran but left too little of the budget free could if it
-    ran faster than anything that fitted; one that ran out of memory could if its smaller micro-batch is still
-    larger than anything that fitted (under offload the CPU optimizer step costs the same at any batch, so the
-    larger micro-batch is the likely winner).
+    fit and could still beat what fitted. That is a trial that ran (but left too little of the budget free) and
+    ran faster than anything that fitted, or one that ran out of memory whose smaller micro-batch is still larger
+    than anything that fitted (under offload the CPU optimizer step costs the same at any batch, so the larger
+    micro-batch is the likely winner).
     """
     fitted = [m for m in trials if m.fits]
     if keep_global_batch and fitted:
@@ -150,8 +152,11 @@ def retries(trials: Sequence[Measurement], latest: Sequence[Measurement], keep_g
         retried = smaller(measurement, keep_global_batch)
         if retried is None:
             continue
-        ran = measurement.samples_per_sec > 0
-        if measurement.samples_per_sec > fastest if ran else retried.micro_batch > largest:
+        if measurement.samples_per_sec > 0:
+            could_win = measurement.samples_per_sec > fastest
+        else:
+            could_win = retried.micro_batch > largest
+        if could_win:
             again.append(retried)
     return again
 

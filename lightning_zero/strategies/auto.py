@@ -341,9 +341,8 @@ class ZeroAutoStrategy(ZeroStrategy):
         Each of them holds a copy of the model, its gradients and its optimizer state: next to the resident
         fp32 module (11 GiB for t5-3b) they would not fit the budget they are meant to measure. Moving the module
         there and back leaves its values unchanged. It goes back where it was: Lightning leaves it in host memory
-        for DeepSpeed, which casts it to 16 bits there and then moves it, as in the trials. Moved to the device in
-        fp32 first, it left about a GiB of the budget to fragments (GPT-2 XL's run ran out of memory at the
-        micro-batch its trial had fitted).
+        for DeepSpeed, which casts it to 16 bits there and then moves it, as in the trials (moved to the device
+        first, it would be cast there, the fp32 and 16-bit copies side by side).
         """
         if self.root_device.type != "cuda":
             yield

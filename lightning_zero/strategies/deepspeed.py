@@ -24,6 +24,7 @@ from lightning.pytorch.strategies.deepspeed import remove_module_hooks
 from lightning.pytorch.utilities import rank_zero_info
 from torch.nn import Module
 from torch.optim import Optimizer
+from torchmetrics import Metric
 
 from lightning_zero.checkpoint.strategy import SafeCheckpoints
 from lightning_zero.errors import ZeroConfigError
@@ -54,8 +55,6 @@ def metrics_to_device(module: Module, device: torch.device) -> None:
     DeepSpeed does not move a module whose parameters ZeRO-3 created partitioned (a model built in
     ``configure_model``), so metrics built in ``__init__`` would stay in host memory and refuse device inputs.
     """
-    from torchmetrics import Metric
-
     for submodule in module.modules():
         if isinstance(submodule, Metric):
             submodule.to(device)
