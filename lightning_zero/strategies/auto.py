@@ -23,7 +23,7 @@ import dataclasses
 import gc
 import json
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -68,8 +68,9 @@ from lightning_zero.strategies.deepspeed_config import (
 
 #: Rounds of trying again at a smaller micro-batch (:func:`~lightning_zero.memory.search.retries`).
 RETRY_ROUNDS = 2
-#: Share of the budget a trial's peak must leave free. The run of a configuration needs more than its trial:
-#: on GPT-2 XL a trial peaked at 23.3 GiB of 24 and the run at the same micro-batch ran out of memory.
+#: Share of the budget a trial's peak must leave free. The run of a configuration can need more than its trial:
+#: on GPT-2 XL a trial peaked at 23.3 GiB of 24 (counted above what was reserved when it began) and the run at
+#: the same micro-batch ran out of memory.
 TRIAL_MARGIN = 0.05
 #: A trial over that margin is tried again at most this share of its micro-batch.
 RETRY_STEP = 0.9
@@ -198,8 +199,11 @@ class ZeroAutoStrategy(ZeroStrategy):
                     break
                 latest = self._measure_all(trainer, module, batch, tried, earlier=self.trials)
                 self.trials = self.trials + latest
+            left = self._reserved_now()
         best = choose(self.trials)
         rank_zero_info(format_trials(self.trials, best))
+        if left:
+            rank_zero_info(f"zero_auto: {left / GIB:.2f} GiB stays reserved on the device after the trials.")
         if self.is_global_zero:
             self._write_cache(key, best.candidate)
         return best.candidate
@@ -261,8 +265,8 @@ class ZeroAutoStrategy(ZeroStrategy):
         rank_zero_info(f"zero_auto: timing {candidate.name} ...")  # a run ended mid-trial says which one
         zero, config = deepspeed_config_for(self._base(), candidate)
         values = self._candidate_values(trainer, candidate)
-        # The peak is counted above what is reserved now (on CUDA the run's own module waits in host memory).
-        baseline = self._reset_peak()
+        # The whole process's peak counts: memory earlier trials left reserved will be there in the run too.
+        self._reset_peak()
         trial = _copy_of(module, trainer).to(dtype=self._engine_dtype())
         if zero.activation_checkpointing:
             enable_activation_checkpointing(trial)
@@ -294,7 +298,7 @@ class ZeroAutoStrategy(ZeroStrategy):
             if self.root_device.type == "cuda":
                 torch.cuda.empty_cache()
                 _empty_pinned_cache()
-        peak = self._peak_since(baseline)
+        peak = self._peak_reserved()
         ok = self.reduce_boolean_decision(ok, all=True)
         safe, retry_at = self._budget_gib() * GIB * (1 - TRIAL_MARGIN), 0
         if ok and peak > safe:
@@ -359,16 +363,20 @@ class ZeroAutoStrategy(ZeroStrategy):
         """The dtype DeepSpeed converts the module to for the run's precision (fp32 when it does not)."""
         return half_dtype(self.precision_plugin.precision) or torch.float32
 
-    def _reset_peak(self) -> int:
-        """Reset the CUDA peak statistics; the bytes reserved now (0 off CUDA)."""
-        if self.root_device.type != "cuda":
-            return 0
-        torch.cuda.reset_peak_memory_stats(self.root_device)
-        return torch.cuda.memory_reserved(self.root_device)
+    def _reset_peak(self) -> None:
+        if self.root_device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(self.root_device)
 
-    def _peak_since(self, baseline: int) -> int:
-        """The largest device memory reserved on any rank since :meth:`_reset_peak`, above ``baseline``."""
-        local = torch.cuda.max_memory_reserved(self.root_device) - baseline if self.root_device.type == "cuda" else 0
+    def _peak_reserved(self) -> int:
+        """The largest device memory reserved on any rank since :meth:`_reset_peak` (0 off CUDA)."""
+        return self._most_over_ranks(torch.cuda.max_memory_reserved)
+
+    def _reserved_now(self) -> int:
+        """The device memory reserved now on the rank that holds the most (0 off CUDA)."""
+        return self._most_over_ranks(torch.cuda.memory_reserved)
+
+    def _most_over_ranks(self, reserved: Callable[[torch.device], int]) -> int:
+        local = reserved(self.root_device) if self.root_device.type == "cuda" else 0
         return int(self.reduce(torch.tensor(local, device=self.root_device), reduce_op="max").item())
 
     def _synchronize(self) -> None:

@@ -12,9 +12,11 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+import torch
 import yaml
 
 from lightning_zero.errors import ZeroConfigError
+from lightning_zero.precision import half_dtype
 from lightning_zero.strategies.config import ZeroConfig, require_existing_dir
 
 AUTO = "auto"
@@ -219,7 +221,8 @@ def _fill(config: dict[str, Any], key: str, value: Any, where: str, trainer_name
 def _resolve_precision(config: dict[str, Any], precision: str) -> None:
     """``fp16``/``bf16`` blocks follow the Trainer's precision: added when missing (DeepSpeed's default loss
     scaling), ``enabled: auto`` filled, disabled blocks dropped, a contradiction an error."""
-    wanted = {"fp16": precision.startswith("16"), "bf16": precision.startswith("bf16")}
+    half = half_dtype(precision)
+    wanted = {"fp16": half is torch.float16, "bf16": half is torch.bfloat16}
     for block, enabled in wanted.items():
         section = config.setdefault(block, {}) if enabled else config.get(block)
         if not isinstance(section, dict):
