@@ -16,6 +16,7 @@ from benchmarks.bench.catalogue import EXPERIMENTS, plan_rows
 from benchmarks.bench.flops import StepFlops
 from benchmarks.bench.lengths import load_distribution
 from benchmarks.bench.main import main
+from benchmarks.bench.report import Metrics, compile_section, table_rows
 from benchmarks.bench.search import SearchPolicy, bracket, next_candidate
 
 GIB = 1024**3
@@ -108,3 +109,17 @@ def test_set_batch_rows_skip_the_search_and_zero_auto_rows_report_their_choice(t
     table = (out / "table.md").read_text()
     assert f"| zero_auto@4 | {micro} (zero_auto chose {auto['chosen']}) |" in table
     assert "| tiny-gpt2 | zero_auto@4 (" in table and "vs zero2@4 |" in table
+
+
+def test_compiled_rows_are_compared_with_the_same_row_without_compilation() -> None:
+    def row(strategy: str, speed: float, session: str = "a") -> Metrics:
+        key = f"deberta/fixed/{strategy}"
+        return Metrics(key, "deberta", "fixed", strategy, "ok", 64, None, False, samples_per_s=speed, session=session)
+
+    rows = table_rows([row("zero2+ac@64", 100.0), row("zero2+ac+compile@64", 125.0), row("zero2+ac", 90.0)])
+    text = compile_section(rows)
+    assert "| deberta (fixed) | zero2+ac@64 vs zero2+ac+compile@64 | 100.0 vs 125.0 | 1.25 |" in text
+    assert "†" not in text.split("\n", 1)[1]
+    other_machine = table_rows([row("zero2+ac@64", 100.0), row("zero2+ac+compile@64", 80.0, session="b")])
+    assert "| 0.80 † |" in compile_section(other_machine)
+    assert compile_section(table_rows([row("zero2+ac@64", 100.0)])) == ""

@@ -185,6 +185,12 @@ def test_bad_config_files_are_one_line_errors(tmp_path: Path, name: str, text: s
     assert "\n" not in str(error.value)
 
 
+def test_compiling_blocks_is_refused_under_stage_3() -> None:
+    assert DeepSpeedZeroConfig(stage=2, compile_blocks=True).compile_blocks
+    with pytest.raises(ZeroConfigError, match="set `compile_blocks: false` or a stage of 0-2"):
+        DeepSpeedZeroConfig(stage=3, compile_blocks=True)
+
+
 def test_offload_detection() -> None:
     assert offloads_optimizer(to_deepspeed_config(DeepSpeedZeroConfig(stage=2, offload_optimizer="cpu")))
     assert not offloads_optimizer(to_deepspeed_config(DeepSpeedZeroConfig(stage=3)))

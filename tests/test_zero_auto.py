@@ -178,6 +178,8 @@ def test_zero_auto_is_a_registered_preset() -> None:
     assert isinstance(trainer.strategy, ZeroAutoStrategy)
     with pytest.raises(ZeroConfigError, match="batch_size"):
         AutoZeroConfig(batch_size="largest")
+    with pytest.raises(ZeroConfigError, match="set `compile_blocks` on a preset"):
+        AutoZeroConfig(compile_blocks=True)
 
 
 @pytest.fixture(scope="module")

@@ -150,6 +150,15 @@ FSDP2_AC = StrategySpec("zero3_fsdp+ac", "fsdp2", "zero3_fsdp", _AC, start=8)
 ZERO_AUTO_MAX = StrategySpec("zero_auto+max", "auto", "zero_auto", {"batch_size": "max"}, batch=1)
 GPU_ONLY = (SINGLE, LIGHTNING_DS2, LIGHTNING_DS2_GC, ZERO2_AC, ZERO2, FAIRSCALE2, FSDP2_AC, ZERO_AUTO_MAX)
 
+
+def compile_pair(batch: int) -> tuple[StrategySpec, StrategySpec]:
+    """``zero2`` + checkpointing at ``batch``, without and with ``compile_blocks``: the lever's effect alone."""
+    return (
+        StrategySpec(f"zero2+ac@{batch}", "ours", "zero2", _AC, batch=batch),
+        StrategySpec(f"zero2+ac+compile@{batch}", "ours", "zero2", {**_AC, "compile_blocks": True}, batch=batch),
+    )
+
+
 _MRPC = "Lightning's DeepSpeed/FairScale report (DeBERTa-v2-xlarge on MRPC, BlenderBot, GPT-2 XL), 2 GPUs"
 _HF = "Hugging Face 'Fit More and Train Faster With ZeRO via DeepSpeed and FairScale' (t5-large 2 GPUs, t5-3b 1 GPU)"
 
@@ -206,7 +215,7 @@ EXPERIMENTS: tuple[Experiment, ...] = (
         shape="deberta-v2-xlarge",
         task="classification",
         lengths=(Lengths("fixed", 128), Lengths("review-pairs", 128)),
-        strategies=GPU_ONLY,
+        strategies=(*GPU_ONLY, *compile_pair(64)),
         anchor="lightning_ds2",
         report=(ReportRow("DDP", 8, 103.57), ReportRow("ZeRO-2", 40, 28.98)),
         report_gpus=2,
@@ -218,7 +227,7 @@ EXPERIMENTS: tuple[Experiment, ...] = (
         shape="blenderbot-400M-distill",
         task="seq2seq",
         lengths=(Lengths("fixed", 128, 64), Lengths("chitchat", 128, 64)),
-        strategies=GPU_ONLY,
+        strategies=(*GPU_ONLY, *compile_pair(256)),
         anchor="lightning_ds2",
         report=(ReportRow("DDP", 100, 27.36), ReportRow("ZeRO-2", 200, 19.06)),
         report_gpus=2,
@@ -231,7 +240,7 @@ EXPERIMENTS: tuple[Experiment, ...] = (
         shape="t5-large",
         task="seq2seq",
         lengths=(Lengths("fixed", 128, 128), Lengths("reviews", 128, 128)),
-        strategies=GPU_ONLY,
+        strategies=(*GPU_ONLY, *compile_pair(64)),
         anchor="lightning_ds2",
         report=(ReportRow("DDP", 16, 30.95), ReportRow("DeepSpeed ZeRO-2", 40, 10.40)),
         report_gpus=2,

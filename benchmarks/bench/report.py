@@ -293,6 +293,33 @@ def auto_section(rows: Iterable[TableRow]) -> str:
     return text
 
 
+def compile_section(rows: Iterable[TableRow]) -> str:
+    """Each ``+compile@B`` row against the same row without ``compile_blocks`` (same experiment, lengths, batch)."""
+    by_key = {row.metrics.key: row.metrics for row in rows}
+    lines = []
+    for compiled in by_key.values():
+        if "+compile@" not in compiled.strategy:
+            continue
+        eager = by_key.get(compiled.key.replace("+compile@", "@"))
+        if eager is None:
+            continue
+        mark = " †" if eager.session != compiled.session else ""
+        lines.append(
+            f"| {compiled.experiment} ({compiled.lengths}) | {eager.strategy} vs {compiled.strategy}"
+            f" | {_fmt(eager.samples_per_s, 1)} vs {_fmt(compiled.samples_per_s, 1)}"
+            f" | {_fmt(_ratio(compiled.samples_per_s, eager.samples_per_s))}{mark}"
+            f" | {_fmt(eager.peak_reserved_gib, 1)} vs {_fmt(compiled.peak_reserved_gib, 1)} |"
+        )
+    if not lines:
+        return ""
+    return (
+        "### `compile_blocks` at the same batch († rows from different machines or GPUs)\n\n"
+        "| workload | rows | samples/s | compiled / eager | peak GiB reserved |\n|---|---|---|---|---|\n"
+        + "\n".join(lines)
+        + "\n"
+    )
+
+
 def overhead_section(records: Iterable[Mapping[str, Any]]) -> str:
     """Same-config overhead: ours against Lightning's built-in with the identical DeepSpeed config, interleaved."""
     lines = []
@@ -346,9 +373,7 @@ def write_outputs(records: Iterable[Mapping[str, Any]], out: Path, peak_tflops: 
                 continue
             sections.append(f"### {name}, lengths: {lengths}\n\n{report_line(experiment)}\n\n")
             sections[-1] += markdown_table(rows, experiment, lengths)
-    auto = auto_section(rows)
-    if auto:
-        sections.append(auto)
+    sections += [text for text in (auto_section(rows), compile_section(rows)) if text]
     overhead = overhead_section(records)
     if overhead:
         sections.append(overhead)

@@ -104,6 +104,10 @@ class AutoZeroConfig(DeepSpeedZeroConfig):
         size = self.batch_size
         if size is not None and size != MAX and (isinstance(size, bool) or not isinstance(size, int) or size < 1):
             raise ZeroConfigError(f"`batch_size` must be a positive global batch or 'max', got {size!r}.")
+        if self.compile_blocks:
+            raise ZeroConfigError(
+                "`zero_auto` times its trials without compilation: set `compile_blocks` on a preset such as `zero2`."
+            )
         for name in ("max_micro_batch", "max_trials", "trial_steps"):
             if getattr(self, name) < 1:
                 raise ZeroConfigError(f"`{name}` must be at least 1, got {getattr(self, name)!r}.")

@@ -30,7 +30,7 @@ from lightning_zero.checkpoint.strategy import SafeCheckpoints
 from lightning_zero.errors import ZeroConfigError
 from lightning_zero.memory.budget import apply_memory_budget
 from lightning_zero.strategies import cpu_adam
-from lightning_zero.strategies.blocks import enable_activation_checkpointing
+from lightning_zero.strategies.blocks import compile_blocks, enable_activation_checkpointing
 from lightning_zero.strategies.deepspeed_config import (
     DeepSpeedZeroConfig,
     TrainerValues,
@@ -146,6 +146,9 @@ class DeepSpeedZeroStrategy(WatchedRanks, SafeCheckpoints, _DeepSpeedOnCpu):
             assert self.model is not None
             count = enable_activation_checkpointing(self.model)
             rank_zero_info(f"Activation checkpointing on {count} transformer blocks.")
+        if self.zero.compile_blocks:
+            assert self.model is not None
+            rank_zero_info(f"torch.compile on {compile_blocks(self.model)} transformer blocks.")
         super().setup(trainer)
         if self.zero_stage_3:
             assert self.lightning_module is not None

@@ -46,6 +46,8 @@ class DeepSpeedZeroConfig(ZeroConfig):
         loss_scale_window: Steps without overflow before the fp16 loss scale grows.
         hysteresis: Overflows tolerated before the fp16 loss scale shrinks.
         min_loss_scale: Lowest fp16 loss scale.
+        compile_blocks: Compile each transformer block with ``torch.compile`` (stages 0-2). The first steps of
+            each new batch shape take longer while it compiles.
     """
 
     nvme_path: str | None = None
@@ -66,9 +68,15 @@ class DeepSpeedZeroConfig(ZeroConfig):
     loss_scale_window: int = 1000
     hysteresis: int = 2
     min_loss_scale: float = 1.0
+    compile_blocks: bool = False
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        if self.compile_blocks and self.stage == 3:
+            raise ZeroConfigError(
+                "`compile_blocks` is not supported under DeepSpeed's ZeRO stage 3 (its parameter hooks run inside every"
+                " block): set `compile_blocks: false` or a stage of 0-2."
+            )
         if "nvme" in (self.offload_optimizer, self.offload_parameters):
             require_existing_dir(self.nvme_path, "NVMe offload")
 

@@ -43,6 +43,8 @@ def make_strategy(spec: str) -> Any:
         return ZeroStrategy(deepspeed_config=spec.removeprefix("config:"))
     if spec.startswith("nvme:"):
         return build_preset("zero3_offload_nvme", nvme_path=spec.removeprefix("nvme:"))
+    if spec.startswith("compiled:"):
+        return build_preset(spec.removeprefix("compiled:"), compile_blocks=True)
     return spec
 
 
@@ -67,6 +69,8 @@ def make_trainer(
 def result_name(spec: str) -> str:
     if spec.startswith("nvme:"):
         return "zero3_offload_nvme"
+    if spec.startswith("compiled:"):
+        return spec.removeprefix("compiled:") + "_compiled"
     return Path(spec.removeprefix("config:")).stem if spec.startswith("config:") else spec
 
 
