@@ -15,8 +15,8 @@ import pytest
 from benchmarks.bench.catalogue import EXPERIMENTS, plan_rows
 from benchmarks.bench.flops import StepFlops
 from benchmarks.bench.lengths import load_distribution
-from benchmarks.bench.main import main
-from benchmarks.bench.report import Metrics, compile_section, table_rows
+from benchmarks.bench.main import for_lightning, main
+from benchmarks.bench.report import Metrics, compile_section, overhead_section, table_rows
 from benchmarks.bench.search import SearchPolicy, bracket, next_candidate
 
 GIB = 1024**3
@@ -123,3 +123,13 @@ def test_compiled_rows_are_compared_with_the_same_row_without_compilation() -> N
     other_machine = table_rows([row("zero2+ac@64", 100.0), row("zero2+ac+compile@64", 80.0, session="b")])
     assert "| 0.80 † |" in compile_section(other_machine)
     assert compile_section(table_rows([row("zero2+ac@64", 100.0)])) == ""
+
+
+def test_the_same_config_goes_to_lightning_without_the_accumulation_it_sets_itself() -> None:
+    config = {"train_micro_batch_size_per_gpu": 16, "gradient_accumulation_steps": 1, "zero_optimization": {}}
+    assert for_lightning(config) == {"train_micro_batch_size_per_gpu": 16, "zero_optimization": {}}
+    failed = {"row": "overhead/deberta/zero2~lightning_ds2", "experiment": "deberta", "labels": ["zero2", "ds2"]}
+    traceback = "Traceback (most recent call last):\n  File ...\nMisconfigurationException: Do not set it.\n"
+    assert "| deberta | zero2 vs ds2 | MisconfigurationException: Do not set it. |" in overhead_section(
+        [{**failed, "error": traceback}]
+    )

@@ -15,6 +15,7 @@ import json
 import subprocess
 import sys
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -152,6 +153,12 @@ class FlopAnnotator:
                 step["flops"] = model.per_sample(step["source"], step["target"]) * batch * world
 
 
+def for_lightning(config: Mapping[str, Any]) -> dict[str, Any]:
+    """``config`` as Lightning's ``DeepSpeedStrategy(config=...)`` takes it: Lightning sets gradient accumulation
+    itself, from the Trainer's ``accumulate_grad_batches``, and refuses a config that sets it."""
+    return {key: value for key, value in config.items() if key != "gradient_accumulation_steps"}
+
+
 def _overhead(args: argparse.Namespace, settings: Any, annotate: FlopAnnotator) -> list[dict[str, Any]]:
     """The same-config pairs, interleaved A B B A A B ... in one process per pair, uncapped (speed only)."""
     from benchmarks.bench.runner import measure_fit, run_trial
@@ -174,13 +181,13 @@ def _overhead(args: argparse.Namespace, settings: Any, annotate: FlopAnnotator) 
         fields = {**get_preset(spec.strategy).fields, **spec.zero}
         config = resolve_auto(
             to_deepspeed_config(DeepSpeedZeroConfig.from_dict(fields)),
-            TrainerValues(micro_batch_size=1, precision=settings.precision),
+            TrainerValues(micro_batch_size=int(batch), precision=settings.precision),
         )
         order = [(ours, theirs), (theirs, ours)]
         labels = [label for i in range(int(repeats)) for label in order[i % 2]]
         fits = []
         for label in labels:
-            extra = {"deepspeed_config": config} if label == theirs else {}
+            extra = {"deepspeed_config": for_lightning(config)} if label == theirs else {}
             row = Row(name, lengths, label)
             fits.append(
                 {**measure_fit(overhead_settings, row, int(batch), **extra), "label": label, "profile_steps": 0}

@@ -333,7 +333,8 @@ def overhead_section(records: Iterable[Mapping[str, Any]]) -> str:
             if speed:
                 speeds[fit["label"]].append(speed)
         if not speeds[ours] or not speeds[theirs]:
-            lines.append(f"| {record['experiment']} | {ours} vs {theirs} | {record.get('error', 'incomplete')} | | | |")
+            reason = str(record.get("error", "incomplete")).strip().splitlines()[-1]  # a traceback's last line
+            lines.append(f"| {record['experiment']} | {ours} vs {theirs} | {reason} | | | |")
             continue
         mean_ours, mean_theirs = statistics.mean(speeds[ours]), statistics.mean(speeds[theirs])
         each = " / ".join(f"{v:.1f}" for v in speeds[ours]) + " vs " + " / ".join(f"{v:.1f}" for v in speeds[theirs])
