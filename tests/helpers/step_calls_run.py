@@ -1,0 +1,113 @@
+"""Count the Python calls of a training step under our DeepSpeed strategy and under Lightning's own class.
+
+    python tests/helpers/step_calls_run.py OUT.json
+
+One CPU process trains the tiny GPT-2 for a few steps under ``zero2`` (with and without activation checkpointing)
+twice: through :class:`DeepSpeedZeroStrategy`, and through Lightning's ``DeepSpeedStrategy`` (as our CPU-capable
+base class, with no lightning-zero code on the step path) given the same resolved DeepSpeed config, with
+checkpointing switched on in the model by hand as a Lightning user would. ``cProfile`` counts every Python call of
+the profiled steps: a count, unlike a time, does not depend on the machine's load.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import json
+import pstats
+import sys
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+import lightning as L
+from torch.nn import Module
+from torch.optim import Optimizer
+
+from lightning_zero.strategies.deepspeed import DeepSpeedZeroStrategy, _DeepSpeedOnCpu
+from lightning_zero.strategies.deepspeed_config import (
+    DeepSpeedZeroConfig,
+    TrainerValues,
+    resolve_auto,
+    to_deepspeed_config,
+)
+from tests.helpers.tiny import TinyLM
+from tests.helpers.trainer import quiet_trainer
+
+PROFILED = range(3, 7)
+
+
+class LightningDeepSpeed(_DeepSpeedOnCpu):
+    """Lightning's ``DeepSpeedStrategy``; only its set-up passes a device rank that DeepSpeed accepts on CPU."""
+
+    def _setup_model_and_optimizer(
+        self, model: Module, optimizer: Optimizer | None, lr_scheduler: Any = None
+    ) -> tuple[Any, Any]:
+        import argparse as arguments
+
+        import deepspeed
+
+        engine, ds_optimizer, _, _ = deepspeed.initialize(
+            args=arguments.Namespace(device_rank=0),
+            config=self.config,
+            model=model,
+            model_parameters=[p for p in model.parameters() if p.requires_grad],
+            optimizer=optimizer,
+            lr_scheduler=lr_scheduler,
+            dist_init_required=False,
+        )
+        return engine, ds_optimizer
+
+
+class StepProfile(L.Callback):
+    """Profiles the steps in :data:`PROFILED`, from batch start to batch end."""
+
+    def __init__(self) -> None:
+        self.profile = cProfile.Profile()
+
+    def on_train_batch_start(self, trainer: L.Trainer, module: L.LightningModule, batch: Any, index: int) -> None:
+        if index in PROFILED:
+            self.profile.enable()
+
+    def on_train_batch_end(
+        self, trainer: L.Trainer, module: L.LightningModule, outputs: Any, batch: Any, index: int
+    ) -> None:
+        if index in PROFILED:
+            self.profile.disable()
+
+    def calls_per_step(self) -> float:
+        return pstats.Stats(self.profile).total_calls / len(PROFILED)  # type: ignore[attr-defined]
+
+
+def calls_per_step(ours: bool, checkpointing: bool) -> float:
+    zero = DeepSpeedZeroConfig(stage=2, activation_checkpointing=checkpointing)
+    module = TinyLM(scheduler=False)
+    if ours:
+        strategy: Any = DeepSpeedZeroStrategy(zero=zero)
+    else:
+        config = resolve_auto(to_deepspeed_config(zero), TrainerValues(micro_batch_size=4, precision="32-true"))
+        config.pop("gradient_accumulation_steps")  # Lightning sets it from the Trainer and refuses it here
+        strategy = LightningDeepSpeed(config=config)
+        if checkpointing:
+            module.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    profile = StepProfile()
+    trainer = quiet_trainer(devices=1, strategy=strategy, max_steps=max(PROFILED) + 2, callbacks=[profile])
+    trainer.fit(module)
+    return profile.calls_per_step()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("out", type=Path)
+    args = parser.parse_args()
+    counts = {
+        f"{'ours' if ours else 'lightning'}{'+ac' if checkpointing else ''}": calls_per_step(ours, checkpointing)
+        for checkpointing in (False, True)
+        for ours in (True, False)
+    }
+    args.out.write_text(json.dumps(counts))
+
+
+if __name__ == "__main__":
+    main()
