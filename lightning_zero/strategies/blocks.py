@@ -90,8 +90,8 @@ def enable_activation_checkpointing(model: nn.Module) -> int:
 def compile_blocks(model: nn.Module) -> int:
     """Compile each block with ``torch.compile``, in place (state-dict keys unchanged). Returns how many.
 
-    Call it after :func:`enable_activation_checkpointing`: the recomputation then stays outside the compiled
-    region and runs the compiled block again. Compilation happens at the first forward pass of each new shape.
+    Checkpointed blocks stay checkpointed: the checkpoint is taken around the compiled block, whose recomputation
+    runs the compiled code again. Compilation happens at the first forward pass of each new shape.
     """
     blocks = transformer_blocks(model)
     for block in blocks:
