@@ -22,9 +22,8 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import lightning as L
-from torch.nn import Module
-from torch.optim import Optimizer
 
+from benchmarks.bench.main import for_lightning
 from lightning_zero.strategies.deepspeed import DeepSpeedZeroStrategy, _DeepSpeedOnCpu
 from lightning_zero.strategies.deepspeed_config import (
     DeepSpeedZeroConfig,
@@ -39,25 +38,12 @@ PROFILED = range(3, 7)
 
 
 class LightningDeepSpeed(_DeepSpeedOnCpu):
-    """Lightning's ``DeepSpeedStrategy``; only its set-up passes a device rank that DeepSpeed accepts on CPU."""
+    """Lightning's ``DeepSpeedStrategy``; only its set-up is ours, which passes a device rank that DeepSpeed accepts
+    on CPU (set-up runs once, not on the step path)."""
 
-    def _setup_model_and_optimizer(
-        self, model: Module, optimizer: Optimizer | None, lr_scheduler: Any = None
-    ) -> tuple[Any, Any]:
-        import argparse as arguments
-
-        import deepspeed
-
-        engine, ds_optimizer, _, _ = deepspeed.initialize(
-            args=arguments.Namespace(device_rank=0),
-            config=self.config,
-            model=model,
-            model_parameters=[p for p in model.parameters() if p.requires_grad],
-            optimizer=optimizer,
-            lr_scheduler=lr_scheduler,
-            dist_init_required=False,
-        )
-        return engine, ds_optimizer
+    _device_rank = DeepSpeedZeroStrategy._device_rank
+    _setup_model_and_optimizer = DeepSpeedZeroStrategy._setup_model_and_optimizer
+    _deepspeed_initialize = DeepSpeedZeroStrategy._deepspeed_initialize
 
 
 class StepProfile(L.Callback):
@@ -87,8 +73,7 @@ def calls_per_step(ours: bool, checkpointing: bool) -> float:
         strategy: Any = DeepSpeedZeroStrategy(zero=zero)
     else:
         config = resolve_auto(to_deepspeed_config(zero), TrainerValues(micro_batch_size=4, precision="32-true"))
-        config.pop("gradient_accumulation_steps")  # Lightning sets it from the Trainer and refuses it here
-        strategy = LightningDeepSpeed(config=config)
+        strategy = LightningDeepSpeed(config=for_lightning(config))
         if checkpointing:
             module.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     profile = StepProfile()
