@@ -70,6 +70,12 @@ def test_compiled_blocks_train_like_ddp(parity_runs: Path) -> None:
     assert 0 < difference <= CPU_ADAM["weight"]  # not bit-identical: the compiled kernels ran
 
 
+@pytest.mark.parametrize("name", ["zero3", "zero3_offload"])
+def test_a_finished_zero3_run_leaves_none_of_its_modules_to_deepspeed(parity_runs: Path, name: str) -> None:
+    # ZeRO-3 keeps each engine's root module on a module-level stack that `engine.destroy()` leaves in place.
+    assert load(parity_runs, name)["zero3_modules_left"] == 0
+
+
 def test_parity_would_catch_deepspeed_default_clipping() -> None:
     # DeepSpeed clips to norm 1.0 unless told otherwise; that only shows in parity if gradients exceed it.
     module = TinyLM()

@@ -58,7 +58,7 @@ from lightning_zero.memory.states import ParameterShapes
 from lightning_zero.precision import half_dtype
 from lightning_zero.strategies import cpu_adam
 from lightning_zero.strategies.blocks import enable_activation_checkpointing
-from lightning_zero.strategies.deepspeed import ZeroStrategy
+from lightning_zero.strategies.deepspeed import ZeroStrategy, forget_zero3_modules
 from lightning_zero.strategies.deepspeed_config import (
     DeepSpeedZeroConfig,
     TrainerValues,
@@ -444,20 +444,11 @@ def _empty_pinned_cache() -> None:
 
 
 def _release(engine: Any, trial: nn.Module) -> None:
-    """Let a trial's engine, module, gradients and optimizer state be freed.
-
-    ZeRO-3 keeps the modules it runs on a module-level stack: the root module for good, and the sub-modules of a
-    forward that an OOM cut short. ``destroy()`` does not take them off, so every ZeRO-3 trial would stay in
-    device and host memory for the rest of the process (seen on GPT-2 XL: the trials after one ran out of
-    memory, and so did the run at batch 1).
-    """
+    """Let a trial's engine, module, gradients and optimizer state be freed, ZeRO-3's included (on GPT-2 XL, the
+    ZeRO-3 trials it kept drove the later trials and the run at batch 1 out of memory)."""
     if engine is not None:
         engine.destroy()
-    from deepspeed.runtime.zero import parameter_offload
-
-    modules = {id(module) for module in trial.modules()}
-    stack = parameter_offload.FWD_MODULE_STACK
-    stack[:] = [module for module in stack if id(module) not in modules]
+    forget_zero3_modules(trial)
 
 
 def _copy_of(module: LightningModule, trainer: Any) -> LightningModule:

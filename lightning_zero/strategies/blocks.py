@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from lightning.pytorch.utilities import rank_zero_info
 from torch import nn
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
     CheckpointImpl,
@@ -97,3 +98,12 @@ def compile_blocks(model: nn.Module) -> int:
     for block in blocks:
         block.compile()
     return len(blocks)
+
+
+def prepare_blocks(model: nn.Module, checkpointing: bool, compiling: bool) -> None:
+    """Checkpoint, then compile, ``model``'s blocks as a config's ``activation_checkpointing`` and
+    ``compile_blocks`` ask, before a backend wraps or shards them; says on rank zero how many blocks each took."""
+    if checkpointing:
+        rank_zero_info(f"Activation checkpointing on {enable_activation_checkpointing(model)} transformer blocks.")
+    if compiling:
+        rank_zero_info(f"torch.compile on {compile_blocks(model)} transformer blocks.")

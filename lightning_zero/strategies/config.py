@@ -1,8 +1,8 @@
 """Typed configuration shared by every backend.
 
 Each backend has one dataclass that extends :class:`ZeroConfig` with its own fields. Fields that name a
-concept all backends share (ZeRO stage, offload, activation checkpointing) live here, so switching the
-backend in a YAML file changes one line.
+concept all backends share (ZeRO stage, offload, activation checkpointing, compiled blocks) live here, so
+switching the backend in a YAML file changes one line.
 """
 
 from __future__ import annotations
@@ -32,6 +32,8 @@ class ZeroConfig:
         offload_parameters: Where parameters live between uses (stage 3 only).
         activation_checkpointing: Recompute each transformer block's activations in the backward pass
             instead of storing them. Applied to the model's blocks without model code changes.
+        compile_blocks: Compile each transformer block with ``torch.compile``, in place, without model code
+            changes. The first steps of each new batch shape take longer while it compiles.
         memory_budget_gib: Memory each process may use on its accelerator, in GiB (``None``: all of it). On CUDA
             the process is capped to it; the model states must fit in it (the error names a layout that does),
             and offloaded states must fit in the host's free RAM.
@@ -41,6 +43,7 @@ class ZeroConfig:
     offload_optimizer: OffloadDevice = "none"
     offload_parameters: OffloadDevice = "none"
     activation_checkpointing: bool = False
+    compile_blocks: bool = False
     memory_budget_gib: float | None = None
 
     def __post_init__(self) -> None:

@@ -21,7 +21,6 @@ from lightning.fabric.plugins.collectives.torch_collective import default_pg_tim
 from lightning.fabric.utilities.seed import reset_seed
 from lightning.pytorch.strategies import DDPStrategy, DeepSpeedStrategy
 from lightning.pytorch.strategies.deepspeed import remove_module_hooks
-from lightning.pytorch.utilities import rank_zero_info
 from torch.nn import Module
 from torch.optim import Optimizer
 from torchmetrics import Metric
@@ -30,7 +29,7 @@ from lightning_zero.checkpoint.strategy import SafeCheckpoints
 from lightning_zero.errors import ZeroConfigError
 from lightning_zero.memory.budget import apply_memory_budget
 from lightning_zero.strategies import cpu_adam
-from lightning_zero.strategies.blocks import compile_blocks, enable_activation_checkpointing
+from lightning_zero.strategies.blocks import prepare_blocks
 from lightning_zero.strategies.deepspeed_config import (
     DeepSpeedZeroConfig,
     TrainerValues,
@@ -58,6 +57,21 @@ def metrics_to_device(module: Module, device: torch.device) -> None:
     for submodule in module.modules():
         if isinstance(submodule, Metric):
             submodule.to(device)
+
+
+def forget_zero3_modules(module: Module) -> None:
+    """Take ``module`` and its sub-modules off the module-level stack that DeepSpeed's ZeRO-3 keeps of the modules
+    it runs.
+
+    Each ZeRO-3 engine puts its root module there for good, and a forward pass that an exception cut short leaves
+    its sub-modules there; ``engine.destroy()`` takes none of them off. Without this, a finished run's or a trial's
+    model would stay in device and host memory for the rest of the process.
+    """
+    from deepspeed.runtime.zero import parameter_offload
+
+    ours = {id(submodule) for submodule in module.modules()}
+    stack = parameter_offload.FWD_MODULE_STACK
+    stack[:] = [entry for entry in stack if id(entry) not in ours]
 
 
 class _DeepSpeedOnCpu(DeepSpeedStrategy):
@@ -142,13 +156,8 @@ class DeepSpeedZeroStrategy(WatchedRanks, SafeCheckpoints, _DeepSpeedOnCpu):
 
     def setup(self, trainer: Any) -> None:
         apply_memory_budget(self, "deepspeed")
-        if self.zero.activation_checkpointing:
-            assert self.model is not None
-            count = enable_activation_checkpointing(self.model)
-            rank_zero_info(f"Activation checkpointing on {count} transformer blocks.")
-        if self.zero.compile_blocks:
-            assert self.model is not None
-            rank_zero_info(f"torch.compile on {compile_blocks(self.model)} transformer blocks.")
+        assert self.model is not None
+        prepare_blocks(self.model, self.zero.activation_checkpointing, self.zero.compile_blocks)
         super().setup(trainer)
         if self.zero_stage_3:
             assert self.lightning_module is not None
@@ -167,6 +176,8 @@ class DeepSpeedZeroStrategy(WatchedRanks, SafeCheckpoints, _DeepSpeedOnCpu):
             yield
 
     def teardown(self) -> None:
+        if self.zero_stage_3 and self.model is not None:
+            forget_zero3_modules(self.model)
         if self._transformers_zero3 is not None:
             from transformers.integrations.deepspeed import unset_hf_deepspeed_config
 

@@ -24,7 +24,8 @@ AUTO = "auto"
 
 @dataclasses.dataclass(frozen=True)
 class DeepSpeedZeroConfig(ZeroConfig):
-    """ZeRO through DeepSpeed.
+    """ZeRO through DeepSpeed. ``compile_blocks`` runs on stages 0-2 (ZeRO-3's parameter hooks run inside every
+    block).
 
     Args:
         nvme_path: Directory for NVMe offload (must exist when an offload target is ``"nvme"``).
@@ -46,8 +47,6 @@ class DeepSpeedZeroConfig(ZeroConfig):
         loss_scale_window: Steps without overflow before the fp16 loss scale grows.
         hysteresis: Overflows tolerated before the fp16 loss scale shrinks.
         min_loss_scale: Lowest fp16 loss scale.
-        compile_blocks: Compile each transformer block with ``torch.compile`` (stages 0-2). The first steps of
-            each new batch shape take longer while it compiles.
     """
 
     nvme_path: str | None = None
@@ -68,7 +67,6 @@ class DeepSpeedZeroConfig(ZeroConfig):
     loss_scale_window: int = 1000
     hysteresis: int = 2
     min_loss_scale: float = 1.0
-    compile_blocks: bool = False
 
     def __post_init__(self) -> None:
         super().__post_init__()

@@ -27,14 +27,13 @@ from lightning.pytorch.overrides.distributed import _sync_module_states
 from lightning.pytorch.plugins.precision import MixedPrecision
 from lightning.pytorch.strategies import DDPStrategy
 from lightning.pytorch.trainer.states import TrainerFn
-from lightning.pytorch.utilities import rank_zero_info
 from torch import Tensor
 from torch.optim import Optimizer
 
 from lightning_zero.checkpoint.strategy import SafeCheckpoints
 from lightning_zero.errors import ZeroConfigError
 from lightning_zero.memory.budget import apply_memory_budget
-from lightning_zero.strategies.blocks import enable_activation_checkpointing
+from lightning_zero.strategies.blocks import prepare_blocks
 from lightning_zero.strategies.cpu_adam import rebind_scheduler
 from lightning_zero.strategies.fairscale_config import (
     FairScaleZeroConfig,
@@ -114,8 +113,7 @@ class FairScaleStrategy(WatchedRanks, SafeCheckpoints, DDPStrategy):
         fitting = trainer.state.fn == TrainerFn.FITTING
         if fitting and self._layer_sync:
             self.model = self._layer_sync.apply(self.model)
-        if self.zero.activation_checkpointing:
-            rank_zero_info(f"Activation checkpointing on {enable_activation_checkpointing(self.model)} blocks.")
+        prepare_blocks(self.model, self.zero.activation_checkpointing, self.zero.compile_blocks)
         self.precision_plugin.convert_module(self.model)
         self.model_to_device()
         if fitting:

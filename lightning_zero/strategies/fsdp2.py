@@ -30,7 +30,7 @@ from torch import nn
 from lightning_zero.checkpoint.strategy import SafeCheckpoints
 from lightning_zero.errors import ZeroConfigError
 from lightning_zero.memory.budget import apply_memory_budget
-from lightning_zero.strategies.blocks import enable_activation_checkpointing, transformer_blocks
+from lightning_zero.strategies.blocks import prepare_blocks, transformer_blocks
 from lightning_zero.strategies.fsdp2_config import FSDP2ZeroConfig, fully_shard_options
 from lightning_zero.strategies.watchdog import WatchedRanks
 
@@ -101,8 +101,7 @@ class FSDP2Strategy(WatchedRanks, SafeCheckpoints, ModelParallelStrategy):
         self.accelerator.setup(trainer)
         self.model = self.precision_plugin.convert_module(self.model)
         if not _is_sharded(self.model):
-            if self.zero.activation_checkpointing:
-                rank_zero_info(f"Activation checkpointing on {enable_activation_checkpointing(self.model)} blocks.")
+            prepare_blocks(self.model, self.zero.activation_checkpointing, self.zero.compile_blocks)
             count = shard_module(self.model, self.device_mesh["data_parallel"], self._shard_options)
             rank_zero_info(f"FSDP2 stage {self.zero.stage}: {count} modules sharded.")
         _materialize_distributed_module(self.model, self.root_device)

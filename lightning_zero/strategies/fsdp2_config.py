@@ -25,7 +25,8 @@ class FSDP2ZeroConfig(ZeroConfig):
 
     FSDP2 offloads parameters, gradients and the optimizer step to CPU together (``CPUOffloadPolicy``), so
     offload is ``offload_optimizer: cpu`` with ``offload_parameters: cpu`` (stage 3); either alone, and NVMe,
-    are refused.
+    are refused. ``compile_blocks`` runs without ``activation_checkpointing`` here: recomputing a compiled block
+    under FSDP2 can take another compiled graph than its forward did, which torch refuses in the backward pass.
 
     Args:
         reduce_in_fp32: Under ``bf16-mixed``/``16-mixed``, reduce-scatter gradients in fp32 (more exact); off:
@@ -55,6 +56,12 @@ class FSDP2ZeroConfig(ZeroConfig):
                 f"FSDP2 offloads parameters and the optimizer together, got `offload_optimizer:"
                 f" {self.offload_optimizer}` with `offload_parameters: {self.offload_parameters}`: set both to 'cpu'"
                 " (stage 3), or use zero2_offload (DeepSpeed) for optimizer-only offload."
+            )
+        if self.compile_blocks and self.activation_checkpointing:
+            raise ZeroConfigError(
+                "FSDP2 cannot recompute compiled blocks (torch may take another compiled graph in the recomputation"
+                " than in the forward pass): set `compile_blocks` or `activation_checkpointing` to false, or use"
+                " `zero2` (DeepSpeed), which runs both."
             )
         if self.checkpoint_format not in _CHECKPOINT_FORMATS:
             raise ZeroConfigError(

@@ -105,10 +105,20 @@ def train(
             "batch_fingerprints": module.batch_fingerprints,
             "state_dict": {k: v.detach().float().cpu().clone() for k, v in state.items()},
             "footprints": footprints,
+            "zero3_modules_left": zero3_modules_left(trainer),
         }
         suffix = "" if resume_after_epoch is None else "-resumed"
         torch.save(result, out / f"{result_name(spec)}{suffix}.pt")
     trainer.strategy.barrier()
+
+
+def zero3_modules_left(trainer: L.Trainer) -> int:
+    """How many of the finished run's modules DeepSpeed's ZeRO-3 still holds on its module-level stack."""
+    from deepspeed.runtime.zero import parameter_offload
+
+    model = trainer.strategy.model
+    ours = {id(submodule) for submodule in model.modules()} if model is not None else set()
+    return sum(id(entry) in ours for entry in parameter_offload.FWD_MODULE_STACK)
 
 
 def main() -> None:
