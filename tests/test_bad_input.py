@@ -110,6 +110,14 @@ def cases(tmp_path: Path) -> dict[str, tuple[list[str], tuple[str, ...]]]:
             [*TINY, "--trainer.strategy", ds(tmp_path, "strategy4.yaml", "  bogus: 1\n")],
             (".yaml'", "'bogus' is not accepted"),
         ),
+        "strategy-file-stage-4": (
+            [*TINY, "--trainer.strategy", ds(tmp_path, "strategy7.yaml", "  zero: {stage: 4}\n")],
+            ("ZeRO stage must be 0, 1, 2 or 3, got 4", "set `stage`"),
+        ),
+        "strategy-file-unknown-zero-key": (
+            [*TINY, "--trainer.strategy", ds(tmp_path, "strategy8.yaml", "  zero: {stagee: 3}\n")],
+            ("'stagee' is not accepted",),
+        ),
         "strategy-file-unknown-class": (
             [*TINY, "--trainer.strategy", write(tmp_path, "noclass.yaml", "class_path: no.such.Strategy\n")],
             ("No module named 'no'", "class_path"),
