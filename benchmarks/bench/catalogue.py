@@ -151,11 +151,14 @@ ZERO_AUTO_MAX = StrategySpec("zero_auto+max", "auto", "zero_auto", {"batch_size"
 GPU_ONLY = (SINGLE, LIGHTNING_DS2, LIGHTNING_DS2_GC, ZERO2_AC, ZERO2, FAIRSCALE2, FSDP2_AC, ZERO_AUTO_MAX)
 
 
-def compile_pair(batch: int) -> tuple[StrategySpec, StrategySpec]:
-    """``zero2`` + checkpointing at ``batch``, without and with ``compile_blocks``: the lever's effect alone."""
+def compile_pair(batch: int, preset: str = "zero2", checkpointing: bool = True) -> tuple[StrategySpec, StrategySpec]:
+    """``preset`` (with checkpointing, unless told) at ``batch``, without and with ``compile_blocks``: the lever's
+    effect alone."""
+    kind: Kind = "fsdp2" if preset.endswith("_fsdp") else "ours"
+    eager, label = (dict(_AC), f"{preset}+ac") if checkpointing else ({}, preset)
     return (
-        StrategySpec(f"zero2+ac@{batch}", "ours", "zero2", _AC, batch=batch),
-        StrategySpec(f"zero2+ac+compile@{batch}", "ours", "zero2", {**_AC, "compile_blocks": True}, batch=batch),
+        StrategySpec(f"{label}@{batch}", kind, preset, eager, batch=batch),
+        StrategySpec(f"{label}+compile@{batch}", kind, preset, {**eager, "compile_blocks": True}, batch=batch),
     )
 
 
@@ -215,7 +218,12 @@ EXPERIMENTS: tuple[Experiment, ...] = (
         shape="deberta-v2-xlarge",
         task="classification",
         lengths=(Lengths("fixed", 128), Lengths("review-pairs", 128)),
-        strategies=(*GPU_ONLY, *compile_pair(64)),
+        strategies=(
+            *GPU_ONLY,
+            *compile_pair(64),
+            StrategySpec("zero3_fsdp+ac@64", "fsdp2", "zero3_fsdp", _AC, batch=64),
+            *compile_pair(16, "zero3_fsdp", checkpointing=False),
+        ),
         anchor="lightning_ds2",
         report=(ReportRow("DDP", 8, 103.57), ReportRow("ZeRO-2", 40, 28.98)),
         report_gpus=2,
