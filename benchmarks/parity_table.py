@@ -15,7 +15,7 @@ def rows(directory: Path, reference: str = "ddp") -> list[tuple[str, int, float,
     base = torch.load(directory / f"{reference}.pt")
     table = []
     for path in sorted(directory.glob("*.pt")):
-        if path.stem == reference or path.stem.endswith("-resumed"):
+        if path.stem == reference:
             continue
         run = torch.load(path)
         loss = max(abs(a - b) for a, b in zip(run["losses"], base["losses"], strict=True))

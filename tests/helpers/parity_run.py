@@ -11,29 +11,20 @@ from __future__ import annotations
 
 import argparse
 import sys
-from dataclasses import astuple, dataclass
+from dataclasses import astuple
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import lightning as L
 import torch
-from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 
 import lightning_zero  # noqa: F401  (registers the presets)
 from lightning_zero.memory.footprint import rank_footprint
 from lightning_zero.strategies import ZeroStrategy, build_preset
 from tests.helpers.tiny import TinyLM
 from tests.helpers.trainer import quiet_trainer
-
-
-@dataclass(frozen=True)
-class Length:
-    """How long to train: ``steps`` optimizer steps, or ``epochs`` whole epochs (``steps=-1``)."""
-
-    steps: int = -1
-    epochs: int | None = None
 
 
 def make_strategy(spec: str) -> Any:
@@ -48,21 +39,14 @@ def make_strategy(spec: str) -> Any:
     return spec
 
 
-def make_trainer(
-    spec: str, length: Length, precision: Any, checkpoint_dir: Path | None = None, accelerator: str = "cpu"
-) -> L.Trainer:
-    callbacks: list[Callback] = []
-    if checkpoint_dir is not None:
-        callbacks.append(ModelCheckpoint(dirpath=checkpoint_dir, save_on_train_epoch_end=True, save_top_k=-1))
+def make_trainer(spec: str, steps: int, precision: Any, accelerator: str = "cpu") -> L.Trainer:
     return quiet_trainer(
         accelerator=accelerator,
         devices=2,
         strategy=make_strategy(spec),
         precision=precision,
-        max_steps=length.steps,
-        max_epochs=length.epochs,
-        enable_checkpointing=checkpoint_dir is not None,
-        callbacks=callbacks,
+        max_steps=steps,
+        enable_checkpointing=False,
     )
 
 
@@ -74,27 +58,11 @@ def result_name(spec: str) -> str:
     return Path(spec.removeprefix("config:")).stem if spec.startswith("config:") else spec
 
 
-def train(
-    spec: str, length: Length, precision: str, out: Path, resume_after_epoch: int | None, accelerator: str
-) -> None:
+def train(spec: str, steps: int, precision: str, out: Path, accelerator: str) -> None:
     L.seed_everything(7)
     module = TinyLM()
-    if resume_after_epoch is None:
-        trainer = make_trainer(spec, length, precision, accelerator=accelerator)
-        trainer.fit(module)
-    else:
-        # Train `resume_after_epoch` epochs, which the checkpoint callback saves; then continue in a fresh
-        # Trainer and module from that checkpoint, as a user resuming with `ckpt_path` does.
-        # (Epoch-based: Lightning 2.6 resumes `max_steps` runs saved at an epoch end one epoch too far.)
-        checkpoint_dir = out / f"{result_name(spec)}-checkpoints"
-        first = make_trainer(spec, Length(epochs=resume_after_epoch), precision, checkpoint_dir, accelerator)
-        first.fit(module)
-        assert first.checkpoint_callback is not None
-        checkpoint = cast(ModelCheckpoint, first.checkpoint_callback).best_model_path
-        L.seed_everything(7)
-        module = TinyLM()
-        trainer = make_trainer(spec, length, precision, accelerator=accelerator)
-        trainer.fit(module, ckpt_path=checkpoint)
+    trainer = make_trainer(spec, steps, precision, accelerator=accelerator)
+    trainer.fit(module)
     footprint = torch.tensor(astuple(rank_footprint(module, trainer.optimizers)), device=trainer.strategy.root_device)
     footprints = trainer.strategy.all_gather(footprint).tolist()
     gather = getattr(trainer.strategy, "full_state_dict", None)
@@ -107,8 +75,7 @@ def train(
             "footprints": footprints,
             "zero3_modules_left": zero3_modules_left(trainer),
         }
-        suffix = "" if resume_after_epoch is None else "-resumed"
-        torch.save(result, out / f"{result_name(spec)}{suffix}.pt")
+        torch.save(result, out / f"{result_name(spec)}.pt")
     trainer.strategy.barrier()
 
 
@@ -124,18 +91,14 @@ def zero3_modules_left(trainer: L.Trainer) -> int:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("out", type=Path)
-    parser.add_argument("--steps", type=int, default=-1)
-    parser.add_argument("--epochs", type=int, default=None, help="train whole epochs (16 steps each) instead")
+    parser.add_argument("--steps", type=int, required=True)
     parser.add_argument("--precision", default="32-true")
     parser.add_argument("--accelerator", default="cpu")
     parser.add_argument("--strategies", nargs="+", required=True)
-    parser.add_argument("--resume-after-epoch", type=int, default=None, help="save then, resume in a new Trainer")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     for spec in args.strategies:
-        train(
-            spec, Length(args.steps, args.epochs), args.precision, args.out, args.resume_after_epoch, args.accelerator
-        )
+        train(spec, args.steps, args.precision, args.out, args.accelerator)
 
 
 if __name__ == "__main__":
