@@ -66,6 +66,7 @@ def main() -> None:
     if trainer.is_global_zero:
         result = {"partitioned": module.partitioned_at_construction, "std": float(state[WEIGHT].float().std())}
         out.write_text(json.dumps(result))
+    trainer.strategy.barrier()  # no rank exits while another still uses the process group
 
 
 if __name__ == "__main__":
