@@ -134,18 +134,6 @@ def list_strategies() -> str:
     return "\n".join(f"{preset.name:<{width}}  {preset.backend:<9}  {preset.description}" for preset in PRESETS)
 
 
-def build_deepspeed_cpu_ops() -> None:
-    """Compile DeepSpeed's CPU ops now (shared-memory collectives, CPU Adam, and NVMe async I/O where libaio is
-    installed) instead of in the first run."""
-    from deepspeed.accelerator import get_accelerator
-
-    for builder in ("ShareMemCommBuilder", "CPUAdamBuilder", "AsyncIOBuilder"):
-        op_builder = get_accelerator().create_op_builder(builder)
-        if op_builder is not None and op_builder.is_compatible(verbose=False):
-            op_builder.load()
-            print(f"built {builder}")
-
-
 #: Subcommands that are not LightningCLI's: name -> ``module:function`` taking the remaining arguments and
 #: returning an exit status. Imported only when used.
 SUBCOMMANDS = {
@@ -164,9 +152,13 @@ def strategies_command(argv: Sequence[str]) -> int:
 
 
 def build_ops_command(argv: Sequence[str]) -> int:
-    """``lightning-zero build-ops``: compile DeepSpeed's CPU ops now."""
-    build_deepspeed_cpu_ops()
-    return 0
+    """``lightning-zero build-ops``: compile DeepSpeed's CPU ops now, not in the first run."""
+    from lightning_zero.strategies.ops import build_cpu_ops
+
+    failures = build_cpu_ops()
+    for failure in failures:
+        print(f"error: {failure}", file=sys.stderr)
+    return 1 if failures else 0
 
 
 def _subcommand(name: str) -> Any:

@@ -1,0 +1,65 @@
+"""Compile DeepSpeed's CPU ops ahead of the first run (``lightning-zero build-ops``).
+
+Each op builds in a process of its own under a time limit. torch's extension builder waits without end on a
+``lock`` file that a killed earlier build leaves behind; a limit turns that wait into an error that says which
+file to delete.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+
+from lightning_zero.quiet import quiet_libraries
+
+#: DeepSpeed's op builders that CPU runs use: shared-memory collectives, CPU Adam, NVMe async I/O (only where
+#: libaio is installed).
+CPU_OPS = ("ShareMemCommBuilder", "CPUAdamBuilder", "AsyncIOBuilder")
+_NEEDS = {"AsyncIOBuilder": "; it needs libaio-dev, and only NVMe offload uses it"}
+
+
+def build_op(builder: str) -> None:
+    """Build one op in this process, or say why it is skipped."""
+    with quiet_libraries():
+        from deepspeed.accelerator import get_accelerator
+
+        op_builder = get_accelerator().create_op_builder(builder)
+    if op_builder is None or not op_builder.is_compatible(verbose=False):
+        print(f"skipped {builder}: DeepSpeed cannot build it here{_NEEDS.get(builder, '')}", flush=True)
+        return
+    start = time.monotonic()
+    op_builder.load(verbose=False)
+    print(f"built {builder} in {time.monotonic() - start:.0f} s", flush=True)
+
+
+def build_cpu_ops(builders: Sequence[str] = CPU_OPS, timeout_s: float = 900.0) -> list[str]:
+    """Build each of ``builders``, each in a child process given ``timeout_s``; return one line per op that did
+    not build."""
+    return [failure for builder in builders if (failure := _build_in_child(builder, timeout_s))]
+
+
+def _build_in_child(builder: str, timeout_s: float) -> str | None:
+    code = f"from lightning_zero.strategies.ops import build_op; build_op({builder!r})"
+    process = subprocess.Popen([sys.executable, "-c", code], start_new_session=True)
+    try:
+        status = process.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        return f"{builder} did not build within {timeout_s:.0f} s; {_stale_lock_hint()}"
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
+    return None if status == 0 else f"{builder} failed to build (exit status {status}; its output is above)"
+
+
+def _stale_lock_hint() -> str:
+    from torch.utils.cpp_extension import get_default_build_root
+
+    return (
+        "if an earlier build was killed, delete its lock file "
+        f"({get_default_build_root()}/*/<op>/lock) and run `lightning-zero build-ops` again"
+    )

@@ -1,0 +1,24 @@
+"""``lightning-zero build-ops`` ends, with a reason, even where torch's extension builder would wait for ever."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+from lightning_zero.strategies.ops import build_cpu_ops
+
+
+def test_a_killed_builds_lock_file_ends_in_an_error_that_names_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
+    (tmp_path / "deepspeed_shm_comm").mkdir()
+    (tmp_path / "deepspeed_shm_comm" / "lock").touch()  # what a build killed half-way leaves behind
+    start = time.monotonic()
+    failures = build_cpu_ops(["ShareMemCommBuilder"], timeout_s=10)
+    assert time.monotonic() - start < 60
+    assert len(failures) == 1
+    assert failures[0].startswith("ShareMemCommBuilder did not build within 10 s; if an earlier build was killed")
+    assert "delete its lock file" in failures[0]
