@@ -1,9 +1,11 @@
 """Golden losses: a fresh run of every task under every backend family gives the committed losses, bit for bit.
 
 One 2-process launch trains all cases (``tests/helpers/golden.py``, about 40 s); each case is then compared with
-``tests/golden/<case>.json`` exactly, as torchtitan's loss-compare check does. Refactors must leave these
-unchanged. After an intended change of behaviour, regenerate the files with
-``python tests/helpers/golden.py tests/golden`` and say why in the commit.
+``tests/golden/<instruction set>/<case>.json`` exactly, as torchtitan's loss-compare check does. torch's kernels
+round differently under AVX2 and AVX512 (measured: at most 1.4e-7 relative, one bit); a CPU with no committed set
+of its own is compared with the AVX2 set within 1e-6. Refactors must leave these unchanged. After an intended change
+of behaviour, regenerate the files with ``python tests/helpers/golden.py --commit`` on each kind of CPU and say why
+in the commit.
 """
 
 from __future__ import annotations
@@ -13,11 +15,13 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers.golden import CASES, STEPS
+from tests.helpers.golden import CASES, GOLDEN, STEPS, committed_dir
 from tests.helpers.launch import run_script
 from tests.helpers.runif import RunIf
 
-GOLDEN = Path(__file__).parent / "golden"
+EXACT = committed_dir().is_dir()
+REFERENCE = committed_dir() if EXACT else GOLDEN / "AVX2"
+FALLBACK_TOLERANCE = 1e-6  # relative, for a CPU with no committed set of its own
 RUNNER = Path(__file__).parent / "helpers" / "golden.py"
 
 
@@ -38,14 +42,25 @@ def _losses(path: Path) -> list[float]:
     "case", [pytest.param(c, marks=RunIf(fairscale=True)) if c.endswith("-fairscale") else c for c in CASES]
 )
 def test_losses_equal_the_golden_ones(fresh: Path, case: str) -> None:
-    golden = _losses(GOLDEN / f"{case}.json")
+    golden = _losses(REFERENCE / f"{case}.json")
     assert len(golden) == STEPS
-    assert _losses(fresh / f"{case}.json") == golden  # exact: float32 values written in full
+    # exact (float32 values written in full) on a CPU with its own committed set
+    assert _losses(fresh / f"{case}.json") == pytest.approx(golden, rel=0 if EXACT else FALLBACK_TOLERANCE, abs=0)
 
 
 def test_golden_losses_differ_between_cases() -> None:
     # Each task trains its own model on its own data: equal curves would mean a case did not run what it names.
-    curves = {case: tuple(_losses(GOLDEN / f"{case}.json")) for case in CASES}
+    curves = {case: tuple(_losses(REFERENCE / f"{case}.json")) for case in CASES}
     for task in ("classification", "seq2seq", "causal_lm"):
         assert len({curve for case, curve in curves.items() if case.startswith(task)}) >= 2
     assert len({curves[f"{task}-ddp"] for task in ("classification", "seq2seq", "causal_lm")}) == 3
+
+
+def test_each_instruction_sets_losses_are_the_avx2_ones_within_the_fallback_tolerance() -> None:
+    sets = [path for path in GOLDEN.iterdir() if path.is_dir()]
+    assert {"AVX2", "AVX512"} <= {path.name for path in sets}
+    for case in CASES:
+        avx2 = _losses(GOLDEN / "AVX2" / f"{case}.json")
+        for path in sets:
+            losses = _losses(path / f"{case}.json")
+            assert losses == pytest.approx(avx2, rel=FALLBACK_TOLERANCE, abs=0), (path.name, case)

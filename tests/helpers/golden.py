@@ -1,14 +1,15 @@
 """Golden losses: the first training losses of each task under each backend family, pinned in ``tests/golden/``.
 
     python tests/helpers/golden.py OUT_DIR [--cases causal_lm-ddp ...]   # a fresh run (2 CPU processes)
-    python tests/helpers/golden.py tests/golden                           # regenerate the committed files
+    python tests/helpers/golden.py --commit     # regenerate the committed files of this CPU's instruction set
 
 A case is ``TASK-BACKEND``: a tiny model of each task (classification, seq2seq, causal LM) on shipped data, trained
 for :data:`STEPS` steps in ``32-true`` on 2 CPU processes under one strategy of each backend family. Rank 0 writes
 ``OUT_DIR/<case>.json`` with the per-step training losses (mean over ranks). All cases share one process group, so
 a case costs seconds, not a launch. ``tests/test_golden_losses.py`` compares a fresh run with the committed files
-exactly: a refactor that changes any loss by one bit fails it. Regenerate only for an intended change of behaviour,
-and say which in the commit message.
+of the CPU's instruction set (torch's kernels differ between AVX2 and AVX512 in the last bit) exactly: a refactor
+that changes any loss by one bit fails it. Regenerate only for an intended change of behaviour, on each kind of
+CPU, and say which in the commit message.
 """
 
 from __future__ import annotations
@@ -38,6 +39,12 @@ MINILM = "sentence-transformers/all-MiniLM-L6-v2"
 BACKENDS = {"ddp": "ddp", "deepspeed": "zero3", "fairscale": "zero2_fairscale", "fsdp2": "zero3_fsdp"}
 TASKS = ("classification", "seq2seq", "causal_lm")
 CASES = [f"{task}-{backend}" for task in TASKS for backend in BACKENDS]
+GOLDEN = Path(__file__).resolve().parents[1] / "golden"
+
+
+def committed_dir() -> Path:
+    """Where this CPU's committed losses are: one folder per instruction set torch's kernels use."""
+    return GOLDEN / torch.backends.cpu.get_cpu_capability()
 
 
 def classification(cache_dir: str | None) -> tuple[L.LightningModule, L.LightningDataModule]:
@@ -115,19 +122,22 @@ def run_case(case: str, cache_dir: str | None) -> dict[str, Any] | None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("out", type=Path, help="where <case>.json files go (tests/golden to regenerate)")
+    where = parser.add_mutually_exclusive_group(required=True)
+    where.add_argument("out", type=Path, nargs="?", help="where <case>.json files go")
+    where.add_argument("--commit", action="store_true", help="write this CPU's committed files")
     parser.add_argument("--cases", nargs="+", default=CASES, choices=CASES)
     parser.add_argument("--tokenizer-cache-dir", help="where the trained BPE is kept (the package's default if unset)")
     args = parser.parse_args()
+    out = committed_dir() if args.commit else args.out
     torch.set_num_threads(1)
-    args.out.mkdir(parents=True, exist_ok=True)
+    out.mkdir(parents=True, exist_ok=True)
     fairscale = importlib.util.find_spec("fairscale") is not None
     for case in args.cases:
         if case.endswith("-fairscale") and not fairscale:
             continue  # an optional backend: its test is skipped too
         result = run_case(case, args.tokenizer_cache_dir)
         if result is not None:
-            (args.out / f"{case}.json").write_text(json.dumps(result, indent=1) + "\n")
+            (out / f"{case}.json").write_text(json.dumps(result, indent=1) + "\n")
 
 
 if __name__ == "__main__":
