@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.bench.catalogue import EXPERIMENTS, plan_rows
+from benchmarks.bench.catalogue import EXPERIMENTS, OVERHEAD_PAIRS, plan_rows
 from benchmarks.bench.flops import StepFlops
 from benchmarks.bench.lengths import load_distribution
-from benchmarks.bench.main import for_lightning, main
+from benchmarks.bench.main import for_lightning, main, selected_pairs
 from benchmarks.bench.report import Metrics, compile_section, overhead_section, table_rows
 from benchmarks.bench.search import SearchPolicy, bracket, next_candidate
 
@@ -133,3 +133,13 @@ def test_the_same_config_goes_to_lightning_without_the_accumulation_it_sets_itse
     assert "| deberta | zero2 vs ds2 | MisconfigurationException: Do not set it. |" in overhead_section(
         [{**failed, "error": traceback}]
     )
+
+
+def test_the_same_config_pairs_are_chosen_by_our_label_and_resolve_in_every_experiment() -> None:
+    assert [ours.label for ours, _ in selected_pairs("zero3,zero2")] == ["zero2", "zero3"]
+    for experiment in EXPERIMENTS:
+        for ours, theirs in OVERHEAD_PAIRS:
+            assert experiment.strategy(ours.label).kind == "ours"
+            assert experiment.strategy(theirs.label).kind == "lightning"
+    with pytest.raises(SystemExit, match=r"no pair for \['zero4'\]; choose from \['zero2', 'zero2\+ac', 'zero3'"):
+        selected_pairs("zero2,zero4")

@@ -19,10 +19,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from benchmarks.bench.catalogue import EXPERIMENTS, Row, find_experiment, plan_rows
+from benchmarks.bench.catalogue import EXPERIMENTS, OVERHEAD_PAIRS, Row, StrategySpec, find_experiment, plan_rows
 from benchmarks.bench.report import DEFAULT_PEAK_TFLOPS, write_outputs
-
-OVERHEAD_PAIRS = (("zero2", "lightning_ds2"), ("zero2+ac", "lightning_ds2+hf_gc"))
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -53,6 +51,8 @@ def _parser() -> argparse.ArgumentParser:
     )
     run.add_argument("--overhead", default="", help="EXPERIMENT:LENGTHS:BATCH:REPEATS, the same-config pairs")
     run.add_argument("--overhead-steps", type=int, default=60)
+    pairs = ",".join(ours.label for ours, _ in OVERHEAD_PAIRS)
+    run.add_argument("--overhead-pairs", default="zero2,zero2+ac", help=f"our side of each pair, from: {pairs}")
     run.add_argument("--prebuild-ops", action="store_true", help="build DeepSpeed's CPU Adam in the background")
     run.add_argument("--peak-tflops", type=float, default=DEFAULT_PEAK_TFLOPS)
     run.add_argument("--redo", action="store_true", help="re-measure rows already in the results")
@@ -159,8 +159,30 @@ def for_lightning(config: Mapping[str, Any]) -> dict[str, Any]:
     return {key: value for key, value in config.items() if key != "gradient_accumulation_steps"}
 
 
-def _overhead(args: argparse.Namespace, settings: Any, annotate: FlopAnnotator) -> list[dict[str, Any]]:
-    """The same-config pairs, interleaved A B B A A B ... in one process per pair, uncapped (speed only)."""
+def overhead_row(experiment: str, ours: StrategySpec, theirs: StrategySpec) -> str:
+    """The results key of one same-config pair."""
+    return f"overhead/{experiment}/{ours.label}~{theirs.label}"
+
+
+def selected_pairs(labels: str) -> list[tuple[StrategySpec, StrategySpec]]:
+    """The same-config pairs whose side of ours is among the comma-separated ``labels``."""
+    wanted = labels.split(",")
+    known = [ours.label for ours, _ in OVERHEAD_PAIRS]
+    unknown = [label for label in wanted if label not in known]
+    if unknown:
+        raise SystemExit(f"--overhead-pairs: no pair for {unknown}; choose from {known}")
+    return [pair for pair in OVERHEAD_PAIRS if pair[0].label in wanted]
+
+
+def _overhead(
+    args: argparse.Namespace,
+    settings: Any,
+    annotate: FlopAnnotator,
+    pairs: list[tuple[StrategySpec, StrategySpec]],
+    done: Mapping[str, Any],
+) -> list[dict[str, Any]]:
+    """The same-config ``pairs`` not yet in ``done``, interleaved A B B A A B ... in one process per pair, uncapped
+    (speed only)."""
     from benchmarks.bench.runner import measure_fit, run_trial
     from lightning_zero.strategies.deepspeed_config import (
         DeepSpeedZeroConfig,
@@ -171,39 +193,39 @@ def _overhead(args: argparse.Namespace, settings: Any, annotate: FlopAnnotator) 
     from lightning_zero.strategies.presets import get_preset
 
     name, lengths, batch, repeats = args.overhead.split(":")
-    experiment = find_experiment(name)
     overhead_settings = dataclasses.replace(
         settings, memory_cap_gib=0.0, steps=args.overhead_steps, min_steps=args.overhead_steps
     )
     records = []
-    for ours, theirs in OVERHEAD_PAIRS:
-        spec = experiment.strategy(ours)
-        fields = {**get_preset(spec.strategy).fields, **spec.zero}
+    for ours, theirs in pairs:
+        if overhead_row(name, ours, theirs) in done and not args.redo:
+            continue
+        fields = {**get_preset(ours.strategy).fields, **ours.zero}
         config = resolve_auto(
             to_deepspeed_config(DeepSpeedZeroConfig.from_dict(fields)),
             TrainerValues(micro_batch_size=int(batch), precision=settings.precision),
         )
-        order = [(ours, theirs), (theirs, ours)]
+        order = [(ours.label, theirs.label), (theirs.label, ours.label)]
         labels = [label for i in range(int(repeats)) for label in order[i % 2]]
         fits = []
         for label in labels:
-            extra = {"deepspeed_config": for_lightning(config)} if label == theirs else {}
+            extra = {"deepspeed_config": for_lightning(config)} if label == theirs.label else {}
             row = Row(name, lengths, label)
             fits.append(
                 {**measure_fit(overhead_settings, row, int(batch), **extra), "label": label, "profile_steps": 0}
             )
         outcome = run_trial(
-            overhead_settings, f"overhead-{ours}", fits, timeout_s=max(60.0, min(540.0, 60.0 + 40 * len(fits)))
+            overhead_settings, f"overhead-{ours.label}", fits, timeout_s=max(60.0, min(540.0, 60.0 + 40 * len(fits)))
         )
         measured = outcome.events("measured")
         fit_records = [{"label": fits[r["fit"]]["label"], "measured": r} for r in measured if r.get("fit") is not None]
         record: dict[str, Any] = {
-            "row": f"overhead/{name}/{ours}~{theirs}",
+            "row": overhead_row(name, ours, theirs),
             "experiment": name,
             "lengths": lengths,
             "batch": int(batch),
             "steps": args.overhead_steps,
-            "labels": [ours, theirs],
+            "labels": [ours.label, theirs.label],
             "deepspeed_config": config,
             "fits": fit_records,
             "order": labels,
@@ -247,6 +269,7 @@ def run(args: argparse.Namespace) -> None:
     from benchmarks.bench.runner import Clock, append_result, finished, load_results, run_row
 
     settings = _settings(args)
+    pairs = selected_pairs(args.overhead_pairs) if args.overhead else []
     args.out.mkdir(parents=True, exist_ok=True)
     if args.prebuild_ops:
         build = "from deepspeed.ops.op_builder import CPUAdamBuilder; CPUAdamBuilder().load()"
@@ -269,11 +292,9 @@ def run(args: argparse.Namespace) -> None:
         append_result(args.out, record)
         done[row.key] = record
         print(_summary(record), flush=True)
-    if args.overhead and clock.left() > settings.row_reserve_s:
-        key_prefix = "overhead/" + args.overhead.split(":")[0] + "/"
-        if args.redo or not any(k.startswith(key_prefix) for k in done):
-            for record in _overhead(args, settings, annotate):
-                append_result(args.out, record)
+    if pairs and clock.left() > settings.row_reserve_s:
+        for record in _overhead(args, settings, annotate, pairs, done):
+            append_result(args.out, record)
     print(write_outputs(load_results(args.out).values(), args.out, args.peak_tflops), flush=True)
 
 
