@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 
 import pytest
 
-from lightning_zero.strategies.ops import build_cpu_ops
+from lightning_zero.strategies.ops import build_cpu_ops, remove_stale_lock
 
 
 def test_a_killed_builds_lock_file_ends_in_an_error_that_names_it(
@@ -17,8 +18,18 @@ def test_a_killed_builds_lock_file_ends_in_an_error_that_names_it(
     (tmp_path / "deepspeed_shm_comm").mkdir()
     (tmp_path / "deepspeed_shm_comm" / "lock").touch()  # what a build killed half-way leaves behind
     start = time.monotonic()
-    failures = build_cpu_ops(["ShareMemCommBuilder"], timeout_s=10)
+    failures = build_cpu_ops(["ShareMemCommBuilder"], timeout_s=6)
     assert time.monotonic() - start < 60
     assert len(failures) == 1
-    assert failures[0].startswith("ShareMemCommBuilder did not build within 10 s; if an earlier build was killed")
+    assert failures[0].startswith("ShareMemCommBuilder did not build within 6 s; if an earlier build was killed")
     assert "delete its lock file" in failures[0]
+
+
+def test_only_a_lock_older_than_any_build_is_removed(tmp_path: Path) -> None:
+    lock = tmp_path / "lock"
+    assert not remove_stale_lock(lock, 900)
+    lock.touch()
+    assert not remove_stale_lock(lock, 900) and lock.exists()
+    an_hour_ago = time.time() - 3600
+    os.utime(lock, (an_hour_ago, an_hour_ago))
+    assert remove_stale_lock(lock, 900) and not lock.exists()

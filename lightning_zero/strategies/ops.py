@@ -1,8 +1,8 @@
 """Compile DeepSpeed's CPU ops ahead of the first run (``lightning-zero build-ops``).
 
 Each op builds in a process of its own under a time limit. torch's extension builder waits without end on a
-``lock`` file that a killed earlier build leaves behind; a limit turns that wait into an error that says which
-file to delete.
+``lock`` file that a killed earlier build leaves behind: a lock older than the limit is removed first (no build
+of ours holds one that long), and the limit turns any other wait into an error that says which file to delete.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Sequence
+from pathlib import Path
 
 from lightning_zero.quiet import quiet_libraries
 
@@ -21,6 +22,8 @@ from lightning_zero.quiet import quiet_libraries
 #: libaio is installed).
 CPU_OPS = ("ShareMemCommBuilder", "CPUAdamBuilder", "AsyncIOBuilder")
 _NEEDS = {"AsyncIOBuilder": "; it needs libaio-dev, and only NVMe offload uses it"}
+#: Seconds one op may take to build; a build lock older than this was left by a killed build.
+BUILD_LIMIT_S = 900.0
 
 
 def build_op(builder: str) -> None:
@@ -32,12 +35,28 @@ def build_op(builder: str) -> None:
     if op_builder is None or not op_builder.is_compatible(verbose=False):
         print(f"skipped {builder}: DeepSpeed cannot build it here{_NEEDS.get(builder, '')}", flush=True)
         return
+    from torch.utils.cpp_extension import _get_build_directory
+
+    lock = Path(_get_build_directory(op_builder.name, verbose=False)) / "lock"
+    if remove_stale_lock(lock, BUILD_LIMIT_S):
+        print(f"removed {lock}: a build killed over {BUILD_LIMIT_S:.0f} s ago left it", flush=True)
     start = time.monotonic()
     op_builder.load(verbose=False)
     print(f"built {builder} in {time.monotonic() - start:.0f} s", flush=True)
 
 
-def build_cpu_ops(builders: Sequence[str] = CPU_OPS, timeout_s: float = 900.0) -> list[str]:
+def remove_stale_lock(lock: Path, older_than_s: float) -> bool:
+    """Delete ``lock`` if it was last touched more than ``older_than_s`` ago; whether it was."""
+    try:
+        stale = time.time() - lock.stat().st_mtime > older_than_s
+    except FileNotFoundError:
+        return False
+    if stale:
+        lock.unlink(missing_ok=True)
+    return stale
+
+
+def build_cpu_ops(builders: Sequence[str] = CPU_OPS, timeout_s: float = BUILD_LIMIT_S) -> list[str]:
     """Build each of ``builders``, each in a child process given ``timeout_s``; return one line per op that did
     not build."""
     return [failure for builder in builders if (failure := _build_in_child(builder, timeout_s))]
