@@ -74,6 +74,23 @@ def forget_zero3_modules(module: Module) -> None:
     stack[:] = [entry for entry in stack if id(entry) not in ours]
 
 
+def release_engine(engine: deepspeed.DeepSpeedEngine, zero_stage_3: bool) -> None:
+    """Let a finished run's engine, optimizer state and model be freed, leaving the model usable after ``fit``.
+
+    A ZeRO optimizer puts a hook on each parameter's gradient accumulation; torch keeps those in a C++ table that
+    Python's garbage collector cannot see, and each reaches the optimizer, the engine and so the model, which would
+    stay in memory for the rest of the process. ``engine.destroy()`` removes them (and, under optimizer offload,
+    the links from parameters to their fp32 copies that also hold them); under ZeRO-3 it would also remove the
+    hooks that gather parameters for a forward pass (generation, a later ``validate``), so there only the
+    gradient hooks go.
+    """
+    if not zero_stage_3:
+        engine.destroy()
+        return
+    for hook in engine.optimizer._grad_acc_hooks:
+        hook.remove()
+
+
 class _DeepSpeedOnCpu(DeepSpeedStrategy):
     """Lightning's ``DeepSpeedStrategy``, which refuses anything but CUDA at set-up; DeepSpeed itself runs on CPU."""
 
@@ -176,6 +193,10 @@ class DeepSpeedZeroStrategy(WatchedRanks, SafeCheckpoints, _DeepSpeedOnCpu):
             yield
 
     def teardown(self) -> None:
+        import deepspeed
+
+        if isinstance(self.model, deepspeed.DeepSpeedEngine):
+            release_engine(self.model, self.zero_stage_3)
         if self.zero_stage_3 and self.model is not None:
             forget_zero3_modules(self.model)
         if self._transformers_zero3 is not None:

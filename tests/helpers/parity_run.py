@@ -10,7 +10,9 @@ Strategies share one process group, so each extra one costs seconds, not a new l
 from __future__ import annotations
 
 import argparse
+import gc
 import sys
+import weakref
 from dataclasses import astuple
 from pathlib import Path
 from typing import Any
@@ -67,16 +69,21 @@ def train(spec: str, steps: int, precision: str, out: Path, accelerator: str) ->
     footprints = trainer.strategy.all_gather(footprint).tolist()
     gather = getattr(trainer.strategy, "full_state_dict", None)
     state = gather() if gather is not None else module.state_dict()
-    if trainer.is_global_zero:
-        result = {
-            "losses": module.losses,
-            "batch_fingerprints": module.batch_fingerprints,
-            "state_dict": {k: v.detach().float().cpu().clone() for k, v in state.items()},
-            "footprints": footprints,
-            "zero3_modules_left": zero3_modules_left(trainer),
-        }
+    result = {
+        "losses": module.losses,
+        "batch_fingerprints": module.batch_fingerprints,
+        "state_dict": {k: v.detach().float().cpu().clone() for k, v in state.items()},
+        "footprints": footprints,
+        "zero3_modules_left": zero3_modules_left(trainer),
+    }
+    is_global_zero = trainer.is_global_zero
+    alive = weakref.ref(module)
+    del trainer, module, state, gather
+    gc.collect()
+    result["module_freed"] = alive() is None  # nothing outlives the run: no engine, optimizer or parameters
+    if is_global_zero:
         torch.save(result, out / f"{result_name(spec)}.pt")
-    trainer.strategy.barrier()
+    torch.distributed.barrier()
 
 
 def zero3_modules_left(trainer: L.Trainer) -> int:
