@@ -79,10 +79,10 @@ def release_engine(engine: deepspeed.DeepSpeedEngine, zero_stage_3: bool) -> Non
 
     A ZeRO optimizer puts a hook on each parameter's gradient accumulation; torch keeps those in a C++ table that
     Python's garbage collector cannot see, and each reaches the optimizer, the engine and so the model, which would
-    stay in memory for the rest of the process. ``engine.destroy()`` removes them (and, under optimizer offload,
-    the links from parameters to their fp32 copies that also hold them); under ZeRO-3 it would also remove the
-    hooks that gather parameters for a forward pass (generation, a later ``validate``), so there only the
-    gradient hooks go.
+    stay in memory for the rest of the process. ``engine.destroy()`` removes them and the other links from the
+    parameters to the optimizer (the hooks alone left a ZeRO-2 offload run's model alive); under ZeRO-3 it would
+    also remove the hooks that gather parameters for a forward pass (generation, a later ``validate``), so there
+    only the gradient hooks go.
     """
     if not zero_stage_3:
         engine.destroy()
