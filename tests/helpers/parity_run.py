@@ -3,7 +3,8 @@
     python tests/helpers/parity_run.py OUT_DIR --steps 12 --strategies ddp zero2 zero3
 
 For each strategy, rank 0 writes OUT_DIR/NAME.pt with the per-step losses (mean over ranks), the full
-final state dict, and each rank's footprint (local/full parameter elements, optimizer-state elements).
+final state dict, each rank's footprint (local/full parameter elements, optimizer-state elements), and whether
+the module was freed once the run's Trainer and module were dropped.
 Strategies share one process group, so each extra one costs seconds, not a new launch.
 """
 
