@@ -87,7 +87,7 @@ def release_engine(engine: deepspeed.DeepSpeedEngine, zero_stage_3: bool) -> Non
     if not zero_stage_3:
         engine.destroy()
         return
-    for hook in engine.optimizer._grad_acc_hooks:
+    for hook in getattr(engine.optimizer, "_grad_acc_hooks", ()):  # none after `validate` or `predict` alone
         hook.remove()
 
 
