@@ -83,6 +83,12 @@ def load(runs: SimpleNamespace, run: str) -> dict:
 
 
 @needs_fairscale
+@pytest.mark.parametrize("name", ["ddp", *PRESETS])
+def test_a_finished_run_lets_its_model_be_freed(runs: SimpleNamespace, name: str) -> None:
+    assert load(runs, f"train:{name}")["module_freed"]  # nothing holds it once the Trainer is dropped
+
+
+@needs_fairscale
 @pytest.mark.parametrize("name", PRESETS)
 def test_matches_ddp(runs: SimpleNamespace, name: str) -> None:
     assert_same_training(load(runs, f"train:{name}"), load(runs, "train:ddp"), EXACT)

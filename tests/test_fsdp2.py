@@ -81,6 +81,11 @@ def later_half(result: dict) -> dict:
 # --- 2-process runs ---------------------------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("name", ["ddp", *PRESETS])
+def test_a_finished_run_lets_its_model_be_freed(runs: SimpleNamespace, name: str) -> None:
+    assert load(runs, f"train:{name}")["module_freed"]  # nothing holds it once the Trainer is dropped
+
+
 @pytest.mark.parametrize("name", PRESETS)
 def test_matches_ddp(runs: SimpleNamespace, name: str) -> None:
     result = load(runs, f"train:{name}")

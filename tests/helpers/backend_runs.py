@@ -5,9 +5,10 @@
 A run is ``KIND:STRATEGY``. STRATEGY is a Lightning strategy name or a preset with config overrides,
 ``zero3_fsdp+checkpoint_format=full``. Kinds (rank 0 writes ``OUT_DIR/<run>.pt``, ``:`` and ``+`` turned to ``-``):
 
-* ``train``: the tiny GPT-2 for ``--steps`` steps: per-step losses (mean over ranks), the full final state dict and
-  each rank's footprint. ``train-bf16`` / ``train-fp16`` do the same in ``bf16-mixed`` / ``16-mixed``, and
-  ``train-clip`` with gradient clipping by norm.
+* ``train``: the tiny GPT-2 for ``--steps`` steps: per-step losses (mean over ranks), the full final state dict,
+  each rank's footprint, and whether the module was freed once the run's Trainer and module were dropped.
+  ``train-bf16`` / ``train-fp16`` do the same in ``bf16-mixed`` / ``16-mixed``, and ``train-clip`` with gradient
+  clipping by norm.
 * ``resume``: ``--stop`` steps, a checkpoint (``OUT_DIR/ckpt-<strategy>``), then a fresh Trainer and module resume
   from it to ``--steps``; the result holds the resumed run's losses and final weights.
 * ``load``: one process, the checkpoint ``ckpt-<strategy>`` written by an earlier 2-process ``resume`` run, resumed
@@ -20,8 +21,10 @@ A run is ``KIND:STRATEGY``. STRATEGY is a Lightning strategy name or a preset wi
 from __future__ import annotations
 
 import argparse
+import gc
 import importlib
 import sys
+import weakref
 from dataclasses import astuple
 from pathlib import Path
 from typing import Any
@@ -114,7 +117,11 @@ def train(
     module = ShortEpochLM()
     trainer = make_trainer(make_strategy(spec), devices, steps, precision, clip=clip)
     trainer.fit(module)
-    return summarize(trainer, module, module.losses)
+    result = summarize(trainer, module, module.losses)
+    alive = weakref.ref(module)
+    del trainer, module
+    gc.collect()
+    return None if result is None else {**result, "module_freed": alive() is None}
 
 
 def checkpoint_path(out: Path, spec: str, stop: int) -> Path:
