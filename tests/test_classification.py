@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
@@ -52,6 +54,30 @@ def test_model_is_built_once_in_configure_model_with_the_tokenizer_vocabulary() 
     assert model.get_input_embeddings().weight.shape[0] == 30522  # len(MiniLM tokenizer), not DeBERTa's 128100
     assert model.config.num_labels == 3 and model.config.pad_token_id == 0
     assert task.hparams["num_labels"] == 3 and task.hparams["model"] == "shape:tiny-deberta-v2"
+
+
+_IMPORTED_IN_SETUP = """
+import sys
+from lightning_zero.tasks.causal_lm import CausalLMTask
+from lightning_zero.tasks.classification import SequenceClassificationTask
+from lightning_zero.tasks.seq2seq import Seq2SeqTask
+tasks = {
+    "deberta_v2": SequenceClassificationTask(model="shape:tiny-deberta-v2"),
+    "t5": Seq2SeqTask(model="shape:tiny-t5"),
+    "gpt2": CausalLMTask(model="shape:tiny-gpt2"),
+}
+for name, task in tasks.items():
+    module = f"transformers.models.{name}.modeling_{name}"
+    assert module not in sys.modules, module
+    task.setup("fit")
+    assert module in sys.modules, module
+"""
+
+
+def test_setup_imports_the_modeling_module_that_zero3_would_import_inside_zero_init() -> None:
+    # transformers 5.17's DeBERTa-v2 module runs torch.jit.script on import, which fails inside zero.Init.
+    result = subprocess.run([sys.executable, "-c", _IMPORTED_IN_SETUP], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-2000:]
 
 
 def test_bad_arguments_are_one_line_errors() -> None:

@@ -6,7 +6,7 @@ from typing import Any
 
 import torch
 from torch import nn
-from transformers import AutoTokenizer, PreTrainedTokenizerBase
+from transformers import AutoConfig, AutoTokenizer, PreTrainedTokenizerBase
 
 from lightning_zero.errors import ZeroConfigError
 from lightning_zero.models.shapes import is_shape, shape_config
@@ -40,3 +40,16 @@ def build_model(auto_class: Any, source: str, vocab_size: int | None = None, **c
             setattr(config, key, value)
         return auto_class.from_config(config)
     return auto_class.from_pretrained(resolve_pretrained(source), **{"dtype": torch.float32, **config_overrides})
+
+
+def import_model_class(auto_class: Any, source: str) -> type[nn.Module] | None:
+    """The class ``build_model(auto_class, source)`` builds, its modeling module imported now (``None`` for a
+    model the auto class does not list, such as remote code).
+
+    Some modeling modules script functions with ``torch.jit.script`` as they are imported (DeBERTa-v2 in
+    transformers 5.17). Imported first inside DeepSpeed's ``zero.Init``, which swaps torch's tensor constructors
+    for wrappers TorchScript cannot compile, the import fails; tasks call this in ``setup``, which Lightning runs
+    before ``configure_model``.
+    """
+    config = shape_config(source) if is_shape(source) else AutoConfig.from_pretrained(resolve_pretrained(source))
+    return auto_class._model_mapping.get(type(config), None)

@@ -9,7 +9,7 @@ at the start of each validation epoch, and builds AdamW with linear warm-up from
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from lightning.pytorch import LightningModule
@@ -19,7 +19,7 @@ from torchmetrics import Metric, MetricCollection
 from transformers import PreTrainedTokenizerBase
 
 from lightning_zero.data.tokenizers import get_tokenizer, special_ids
-from lightning_zero.models.loading import build_model
+from lightning_zero.models.loading import build_model, import_model_class
 from lightning_zero.models.shapes import is_shape
 from lightning_zero.tasks.metrics import TokenPerplexity
 from lightning_zero.tasks.optimization import adamw_with_linear_warmup, training_steps
@@ -30,6 +30,13 @@ class TaskModule(LightningModule):
     (optionally) ``adam_eps``; the network is ``self.model``, built once by ``build_network`` in ``configure_model``."""
 
     model: nn.Module | None
+    #: The transformers ``AutoModelFor...`` class the network is built with.
+    auto_class: ClassVar[Any]
+
+    def setup(self, stage: str) -> None:
+        """Import the network's modeling module before ``configure_model`` (see
+        :func:`~lightning_zero.models.loading.import_model_class`: under ZeRO-3 some would fail to import)."""
+        import_model_class(self.auto_class, self.hparams["model"])
 
     def configure_model(self) -> None:
         """Build the network once; under ZeRO-3 this runs inside ``deepspeed.zero.Init``."""

@@ -30,6 +30,8 @@ class CausalLMTask(LanguageTask):
         warmup_ratio: Share of the training steps spent warming the learning rate up linearly.
     """
 
+    auto_class = AutoModelForCausalLM
+
     # LightningCLI reads this signature: the parameters (and their docs) shared with the other language task stay.
     def __init__(
         self,
@@ -45,7 +47,7 @@ class CausalLMTask(LanguageTask):
 
     def build_network(self) -> nn.Module:
         """The causal LM (a shape gets the tokenizer's vocabulary and special ids)."""
-        return build_language_model(AutoModelForCausalLM, self.hparams["model"], self.tokenizer)
+        return build_language_model(self.auto_class, self.hparams["model"], self.tokenizer)
 
     def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None) -> Tensor:
         """Logits ``[batch, length, vocab]``."""

@@ -45,6 +45,8 @@ class SequenceClassificationTask(TaskModule):
         adam_eps: AdamW epsilon.
     """
 
+    auto_class = AutoModelForSequenceClassification
+
     def __init__(
         self,
         model: str = DEFAULT_MODEL,
@@ -82,12 +84,13 @@ class SequenceClassificationTask(TaskModule):
             vocab_size = len(tokenizer)
             if tokenizer.pad_token_id is not None:
                 overrides["pad_token_id"] = tokenizer.pad_token_id
-        model = build_model(AutoModelForSequenceClassification, source, vocab_size=vocab_size, **overrides)
+        model = build_model(self.auto_class, source, vocab_size=vocab_size, **overrides)
         return model.train()  # `from_pretrained` returns eval mode, and Lightning keeps submodules' modes
 
     def setup(self, stage: str) -> None:
         """Check the data against the model (classes within ``num_labels``, the same tokenizer); an unset
         ``tokenizer`` becomes the data module's."""
+        super().setup(stage)
         datamodule = getattr(self.trainer, "datamodule", None) if self._trainer is not None else None
         if datamodule is None:
             return

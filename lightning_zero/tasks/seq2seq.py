@@ -62,6 +62,8 @@ class Seq2SeqTask(LanguageTask):
         num_logged_samples: Replies from the first validation batch printed by rank 0 and sent to the logger.
     """
 
+    auto_class = AutoModelForSeq2SeqLM
+
     # LightningCLI reads this signature: the parameters (and their docs) shared with the other language task stay.
     def __init__(
         self,
@@ -84,9 +86,9 @@ class Seq2SeqTask(LanguageTask):
         """The encoder-decoder (a shape gets the tokenizer's vocabulary and special ids, for generation too)."""
         source = self.hparams["model"]
         if not is_shape(source):
-            return build_model(AutoModelForSeq2SeqLM, source)
+            return build_model(self.auto_class, source)
         start = special_ids(self.tokenizer).bos
-        model = build_language_model(AutoModelForSeq2SeqLM, source, self.tokenizer, decoder_start_token_id=start)
+        model = build_language_model(self.auto_class, source, self.tokenizer, decoder_start_token_id=start)
         config: Any = model.config
         for key in ("pad_token_id", "bos_token_id", "eos_token_id", "decoder_start_token_id"):
             setattr(model.generation_config, key, getattr(config, key))  # generation reads these here
