@@ -147,6 +147,8 @@ ZERO2 = StrategySpec("zero2", "ours", "zero2")
 ZERO2_AC = StrategySpec("zero2+ac", "ours", "zero2", _AC, start=8)
 FAIRSCALE2 = StrategySpec("zero2_fairscale", "fairscale", "zero2_fairscale")
 FSDP2_AC = StrategySpec("zero3_fsdp+ac", "fsdp2", "zero3_fsdp", _AC, start=8)
+#: FSDP2 with parameters and optimizer step on the CPU: the FSDP2 row of the models that need offload on one card.
+FSDP2_OFFLOAD_AC = StrategySpec("zero3_offload_fsdp+ac", "fsdp2", "zero3_offload_fsdp", _AC, start=8)
 #: ``zero_auto`` with no flags at a global batch, and with ``batch_size: max``.
 ZERO_AUTO_MAX = StrategySpec("zero_auto+max", "auto", "zero_auto", {"batch_size": "max"}, batch=1)
 GPU_ONLY = (SINGLE, LIGHTNING_DS2, LIGHTNING_DS2_GC, ZERO2_AC, ZERO2, FAIRSCALE2, FSDP2_AC, ZERO_AUTO_MAX)
@@ -191,6 +193,8 @@ EXPERIMENTS: tuple[Experiment, ...] = (
             LIGHTNING_DS2_OFFLOAD,
             StrategySpec("zero_auto@20", "auto", "zero_auto", batch=20),
             ZERO_AUTO_MAX,
+            FAIRSCALE2,
+            FSDP2_OFFLOAD_AC,
         ),
         anchor="lightning_ds2_offload+hf_gc",
         report=(ReportRow("plain", None), ReportRow("ZeRO-2 + CPU offload + activation checkpointing", 20, 8.85)),
@@ -215,6 +219,8 @@ EXPERIMENTS: tuple[Experiment, ...] = (
             StrategySpec("zero2_offload@16", "ours", "zero2_offload", batch=16),
             StrategySpec("zero_auto@16", "auto", "zero_auto", batch=16),
             ZERO_AUTO_MAX,
+            FAIRSCALE2,
+            FSDP2_OFFLOAD_AC,
         ),
         anchor="lightning_ds3_offload",
         report=(ReportRow("DDP", None), ReportRow("ZeRO-3 + CPU offload", 16)),

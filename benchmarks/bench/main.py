@@ -43,7 +43,9 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--measure-budget-s", type=float, default=45.0)
     run.add_argument("--profile-steps", type=int, default=3)
     run.add_argument("--tolerance", type=float, default=0.06)
-    run.add_argument("--search-budget-s", type=float, default=150.0)
+    run.add_argument(
+        "--search-budget-s", type=float, default=150.0, help="seconds each search process may ascend (up to 4 a row)"
+    )
     run.add_argument("--budget-s", type=float, default=520.0, help="stop starting rows after this")
     run.add_argument("--threads", type=int, default=0)
     run.add_argument(

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+import re
 import statistics
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -320,6 +321,15 @@ def compile_section(rows: Iterable[TableRow]) -> str:
     )
 
 
+_EXCEPTION_LINE = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt)\b:?")
+
+
+def error_reason(text: str) -> str:
+    """A traceback's exception line (its message may run over more lines, which end with code), else its last."""
+    lines = text.strip().splitlines() or ["incomplete"]
+    return next((line for line in reversed(lines) if _EXCEPTION_LINE.match(line)), lines[-1]).replace("|", "/")
+
+
 def overhead_section(records: Iterable[Mapping[str, Any]]) -> str:
     """Same-config overhead: ours against Lightning's built-in with the identical DeepSpeed config, interleaved."""
     lines = []
@@ -333,7 +343,7 @@ def overhead_section(records: Iterable[Mapping[str, Any]]) -> str:
             if speed:
                 speeds[fit["label"]].append(speed)
         if not speeds[ours] or not speeds[theirs]:
-            reason = str(record.get("error", "incomplete")).strip().splitlines()[-1]  # a traceback's last line
+            reason = error_reason(str(record.get("error", "incomplete")))
             lines.append(f"| {record['experiment']} | {ours} vs {theirs} | {reason} | | | |")
             continue
         mean_ours, mean_theirs = statistics.mean(speeds[ours]), statistics.mean(speeds[theirs])
