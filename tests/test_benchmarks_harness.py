@@ -135,9 +135,7 @@ def test_the_same_config_goes_to_lightning_without_the_accumulation_it_sets_itse
     )
     # A message over several lines ends with code, not with the exception (DeepSpeed's zero.Init under jit):
     scripted = "File x\nNotSupportedError: Compiled functions can't:\n  def f(*args):\n    ~~~ <--- HERE\n"
-    assert "| NotSupportedError: Compiled functions can't: |" in overhead_section(
-        [{**failed, "error": scripted}]
-    )
+    assert "| NotSupportedError: Compiled functions can't: |" in overhead_section([{**failed, "error": scripted}])
 
 
 def test_the_same_config_pairs_are_chosen_by_our_label_and_resolve_in_every_experiment() -> None:

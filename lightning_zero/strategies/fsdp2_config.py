@@ -36,12 +36,16 @@ class FSDP2ZeroConfig(ZeroConfig):
             gathered on rank 0.
         pin_memory: Under CPU offload on GPUs, page-lock the CPU copies (faster transfers, more host memory
             held). CPU-only runs have nothing to pin and never pin.
+        fused_adam_for_offload: Under CPU offload, run a plain ``torch.optim.Adam``/``AdamW`` from
+            ``configure_optimizers`` with torch's fused kernel (``fused=True``, the same hyper-parameters): the
+            step then runs on the CPU in one pass over each tensor instead of torch's default loop.
     """
 
     stage: int = 3
     reduce_in_fp32: bool = True
     checkpoint_format: CheckpointFormat = "sharded"
     pin_memory: bool = True
+    fused_adam_for_offload: bool = True
 
     def __post_init__(self) -> None:
         super().__post_init__()

@@ -96,7 +96,8 @@ def make_trainer(
 
 
 def summarize(trainer: L.Trainer, module: L.LightningModule, losses: Any) -> dict[str, Any] | None:
-    """Losses, full state dict and every rank's footprint; collective, returns a dict on rank 0 only."""
+    """Losses, full state dict, every rank's footprint and whether each optimizer is fused; collective, returns a
+    dict on rank 0 only."""
     footprint = torch.tensor(astuple(rank_footprint(module, trainer.optimizers)), device=trainer.strategy.root_device)
     footprints = trainer.strategy.all_gather(footprint).reshape(-1, 3).tolist()
     gather = getattr(trainer.strategy, "full_state_dict", None)
@@ -107,6 +108,7 @@ def summarize(trainer: L.Trainer, module: L.LightningModule, losses: Any) -> dic
         "losses": losses,
         "state_dict": {key: value.detach().float().cpu().clone() for key, value in state.items()},
         "footprints": footprints,
+        "fused": [bool(optimizer.defaults.get("fused")) for optimizer in trainer.optimizers],
     }
 
 
