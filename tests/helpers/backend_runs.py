@@ -108,7 +108,7 @@ def summarize(trainer: L.Trainer, module: L.LightningModule, losses: Any) -> dic
         "losses": losses,
         "state_dict": {key: value.detach().float().cpu().clone() for key, value in state.items()},
         "footprints": footprints,
-        "fused": [bool(optimizer.defaults.get("fused")) for optimizer in trainer.optimizers],
+        "fused": [bool(getattr(optimizer, "defaults", {}).get("fused")) for optimizer in trainer.optimizers],
     }
 
 
