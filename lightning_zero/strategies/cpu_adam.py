@@ -33,6 +33,10 @@ def is_swappable(optimizer: Optimizer) -> bool:
     return type(optimizer) in (torch.optim.Adam, torch.optim.AdamW) and not optimizer.defaults.get("amsgrad")
 
 
+def _decouples_weight_decay(optimizer: Optimizer) -> bool:
+    return isinstance(optimizer, torch.optim.AdamW) or bool(optimizer.defaults.get("decoupled_weight_decay"))
+
+
 def to_cpu_adam(optimizer: Optimizer) -> Optimizer:
     """A ``DeepSpeedCPUAdam`` over the same parameter groups and hyper-parameters as ``optimizer``."""
     from deepspeed.ops.adam import DeepSpeedCPUAdam
@@ -42,7 +46,7 @@ def to_cpu_adam(optimizer: Optimizer) -> Optimizer:
         for group in optimizer.param_groups
     ]
     defaults = optimizer.defaults
-    adamw_mode = isinstance(optimizer, torch.optim.AdamW) or bool(defaults.get("decoupled_weight_decay"))
+    adamw_mode = _decouples_weight_decay(optimizer)
     cpu_adam = DeepSpeedCPUAdam(
         groups,
         lr=defaults["lr"],
@@ -61,8 +65,7 @@ def to_cpu_adam(optimizer: Optimizer) -> Optimizer:
 
 def to_fused_adam(optimizer: Optimizer) -> Optimizer:
     """The same torch Adam/AdamW over the same parameter groups and hyper-parameters, with ``fused=True``."""
-    decoupled = isinstance(optimizer, torch.optim.AdamW) or bool(optimizer.defaults.get("decoupled_weight_decay"))
-    kind = torch.optim.AdamW if decoupled else torch.optim.Adam
+    kind = torch.optim.AdamW if _decouples_weight_decay(optimizer) else torch.optim.Adam
     groups = [_without_loop_choice(group) for group in optimizer.param_groups]
     fused = kind(groups, **_without_loop_choice(optimizer.defaults), fused=True)
     rank_zero_info(f"Optimizer offload: running `{type(optimizer).__name__}` with torch's fused kernel (fused=True).")
