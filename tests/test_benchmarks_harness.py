@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import csv
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -146,3 +148,77 @@ def test_the_same_config_pairs_are_chosen_by_our_label_and_resolve_in_every_expe
             assert experiment.strategy(theirs.label).kind == "lightning"
     with pytest.raises(SystemExit, match=r"no pair for \['zero4'\]; choose from \['zero2', 'zero2\+ac', 'zero3'"):
         selected_pairs("zero2,zero4")
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--experiments", "gpt2-xl", "--strategies", "zero3_offload@8"], r"--strategies: unknown \['zero3_offload@8"),
+        (["--experiments", "deberta", "--lengths", "reviews"], r"--lengths: unknown \['reviews'\]; choose from"),
+        (["--experiments", "gpt2"], r"--experiments: unknown experiment 'gpt2': choose from \['t5-3b'"),
+    ],
+)
+def test_a_name_no_chosen_experiment_has_stops_the_run_before_it_starts(
+    tmp_path: Path, flags: list[str], message: str
+) -> None:
+    with pytest.raises(SystemExit, match=message):
+        main(["run", "--out", str(tmp_path / "out"), *flags, *COMMON])
+    assert not (tmp_path / "out").exists()
+
+
+def test_an_unknown_optimizer_stops_the_floor_before_it_times_any() -> None:
+    with pytest.raises(SystemExit, match=r"--optimizers: unknown \['adam'\]; choose from \['deepspeed'"):
+        main(["floor", "--parameters", "1e3", "--optimizers", "fused,adam"])
+
+
+_BENCH_SETUP_IMPORTS = """
+import sys
+from benchmarks.bench.catalogue import EXPERIMENTS
+from benchmarks.bench.workload import AUTO_CLASSES, BenchModule
+from lightning_zero.models.shapes import shape_config
+def modeling_module(experiment):
+    model_type = shape_config(f"shape:{experiment.shape}").model_type.replace("-", "_")
+    return f"transformers.models.{model_type}.modeling_{model_type}"
+imported_first = [modeling_module(e) for e in EXPERIMENTS if modeling_module(e) in sys.modules]
+assert not imported_first, imported_first
+for experiment in EXPERIMENTS:
+    BenchModule(experiment, experiment.strategies[0], experiment.lengths[0], None, 0.0).setup("fit")
+    assert modeling_module(experiment) in sys.modules, modeling_module(experiment)
+"""
+
+
+def test_the_bench_module_imports_its_modeling_module_before_zero3_builds_the_model() -> None:
+    # Under ZeRO-3, DeBERTa-v2's module (transformers 5.17) fails to import inside zero.Init (the GPU's pair did).
+    result = subprocess.run([sys.executable, "-c", _BENCH_SETUP_IMPORTS], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-2000:]
+
+
+_LIGHTNING_ZERO3_BUILD = """
+import dataclasses, os, socket, sys
+from types import SimpleNamespace
+with socket.socket() as s:
+    s.bind(("127.0.0.1", 0)); port = s.getsockname()[1]
+os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
+import deepspeed
+from transformers.integrations.deepspeed import is_deepspeed_zero3_enabled
+from benchmarks.bench.catalogue import OVERHEAD_PAIRS, find_experiment
+from benchmarks.bench.workload import BenchModule
+deepspeed.init_distributed("gloo")
+experiment = dataclasses.replace(find_experiment("deberta"), shape="tiny-deberta-v2", vocab_size=512)
+lightning_ds3 = next(lightning for ours, lightning in OVERHEAD_PAIRS if lightning.strategy == "deepspeed_stage_3")
+module = BenchModule(experiment, lightning_ds3, experiment.lengths[0], None, 0.0)
+config = {"train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": 3}}
+module._trainer = SimpleNamespace(strategy=SimpleNamespace(zero_stage_3=True, config=config), global_rank=0)
+module.setup("fit")
+with deepspeed.zero.Init(config_dict_or_path=config):  # what Lightning's strategy opens around configure_model
+    module.configure_model()
+assert all(p.ds_numel > 0 for p in module.model.parameters())
+module.teardown("fit")
+assert not is_deepspeed_zero3_enabled()
+"""
+
+
+def test_under_lightnings_zero3_the_bench_module_builds_a_model_with_a_padding_row() -> None:
+    # Built in Lightning's zero.Init without transformers knowing, DeBERTa-v2 fails to initialise its padding row.
+    result = subprocess.run([sys.executable, "-c", _LIGHTNING_ZERO3_BUILD], capture_output=True, text=True, timeout=180)
+    assert result.returncode == 0, result.stderr[-2000:]

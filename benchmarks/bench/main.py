@@ -31,7 +31,9 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--trials-dir", type=Path, default=None, help="trial specs and logs (default OUT/trials)")
     run.add_argument("--tier-first", action="store_true", help="every experiment's headline rows before the rest")
     run.add_argument("--experiments", default="all", help="comma-separated names, or 'all'")
-    run.add_argument("--strategies", default="", help="only these labels (comma-separated)")
+    run.add_argument(
+        "--strategies", default="", help="only these labels (comma-separated); none: no rows, only --overhead pairs"
+    )
     run.add_argument("--lengths", default="", help="only these length settings (comma-separated)")
     run.add_argument("--accelerator", default="gpu", choices=("gpu", "cpu"))
     run.add_argument("--devices", type=int, default=1)
@@ -112,11 +114,27 @@ def _settings(args: argparse.Namespace) -> Any:
 
 
 def _selected_rows(args: argparse.Namespace) -> list[Row]:
+    """The rows ``--experiments``, ``--strategies`` and ``--lengths`` select; a name none of the experiments has
+    stops the run with the names there are (``--strategies none``: no rows, for same-config pairs alone)."""
     names = [e.name for e in EXPERIMENTS] if args.experiments == "all" else args.experiments.split(",")
-    experiments = [find_experiment(name) for name in names]
-    rows = plan_rows(experiments, [s for s in args.strategies.split(",") if s] or None, args.tier_first)
+    try:
+        experiments = [find_experiment(name) for name in names]
+    except KeyError as error:
+        raise SystemExit(f"--experiments: {error.args[0]}") from None
+    if args.strategies == "none":
+        return []
+    labels = [s for s in args.strategies.split(",") if s]
     lengths = [x for x in args.lengths.split(",") if x]
+    _refuse_unknown("--strategies", labels, [spec.label for e in experiments for spec in e.strategies])
+    _refuse_unknown("--lengths", lengths, [x.name for e in experiments for x in e.lengths])
+    rows = plan_rows(experiments, labels or None, args.tier_first)
     return [row for row in rows if not lengths or row.lengths in lengths]
+
+
+def _refuse_unknown(flag: str, wanted: list[str], known: list[str]) -> None:
+    unknown = [name for name in wanted if name not in known]
+    if unknown:
+        raise SystemExit(f"{flag}: unknown {unknown}; choose from {sorted(set(known))}")
 
 
 class FlopAnnotator:
@@ -274,6 +292,7 @@ def run(args: argparse.Namespace) -> None:
 
     settings = _settings(args)
     pairs = selected_pairs(args.overhead_pairs) if args.overhead else []
+    rows = _selected_rows(args)
     args.out.mkdir(parents=True, exist_ok=True)
     if args.prebuild_ops:
         build = "from deepspeed.ops.op_builder import CPUAdamBuilder; CPUAdamBuilder().load()"
@@ -285,7 +304,7 @@ def run(args: argparse.Namespace) -> None:
     clock = Clock(settings.budget_s)
     annotate = FlopAnnotator()
     done = load_results(args.out)
-    for row in _selected_rows(args):
+    for row in rows:
         if row.key in done and finished(done[row.key]) and not args.redo:
             continue
         offloads = find_experiment(row.experiment).strategy(row.strategy).offloads
@@ -399,9 +418,11 @@ def main(argv: list[str] | None = None) -> None:
     elif args.command == "accuracy":
         accuracy(args)
     elif args.command == "floor":
-        from benchmarks.bench.floor import cpu_adam_floor
+        from benchmarks.bench.floor import OPTIMIZERS, cpu_adam_floor
 
-        for kind in args.optimizers.split(","):
+        kinds = args.optimizers.split(",")
+        _refuse_unknown("--optimizers", kinds, list(OPTIMIZERS))
+        for kind in kinds:
             print(json.dumps(cpu_adam_floor(int(args.parameters), args.steps, kind=kind)), flush=True)
     else:
         measure_peak()

@@ -20,7 +20,7 @@ from transformers import AutoModelForCausalLM, AutoModelForSeq2SeqLM, AutoModelF
 
 from benchmarks.bench.catalogue import Experiment, Lengths, StrategySpec
 from benchmarks.bench.lengths import LengthDistribution, load_distribution, padded
-from lightning_zero.models.loading import build_model
+from lightning_zero.models.loading import build_model, import_model_class
 
 GIB = 1024**3
 IGNORE_INDEX = -100
@@ -112,8 +112,10 @@ class BenchModule(L.LightningModule):
         self.maker: BatchMaker | None = None
         self.last_facts: dict[str, int] = {}
         self.last_batch = 0
+        self.hf_zero3: Any = None
 
     def setup(self, stage: str) -> None:
+        import_model_class(AUTO_CLASSES[self.experiment.task], f"shape:{self.experiment.shape}")  # as the tasks do
         if self.memory_cap_gib and self.device.type == "cuda":  # Lightning sets the device before this hook
             total = torch.cuda.get_device_properties(self.device).total_memory
             torch.cuda.set_per_process_memory_fraction(min(1.0, self.memory_cap_gib * GIB / total), self.device)
@@ -121,6 +123,9 @@ class BenchModule(L.LightningModule):
     def configure_model(self) -> None:
         if self.model is not None:
             return
+        strategy: Any = self.trainer.strategy
+        if self.spec.kind == "lightning" and getattr(strategy, "zero_stage_3", False):
+            self._tell_transformers_zero3_is_on(strategy.config)
         task = self.experiment.task
         self.model = build_model(
             AUTO_CLASSES[task],
@@ -134,6 +139,23 @@ class BenchModule(L.LightningModule):
             self.model.config.use_cache = False
         vocab = int(self.model.config.vocab_size)
         self.maker = BatchMaker(task, self.lengths_spec, vocab, self.seed + self.global_rank)
+
+    def _tell_transformers_zero3_is_on(self, deepspeed_config: dict[str, Any]) -> None:
+        """What transformers' docs tell a user of DeepSpeed outside its Trainer to do before building a model
+        under ZeRO-3 (Lightning's strategy does not; lightning-zero's does it itself): without it, transformers
+        (5.17, 5.24) initialises the partitioned (empty) weights in place and DeBERTa-v2's padding row fails to
+        index.
+        The object must stay alive while the model is built; :meth:`teardown` lets go of it."""
+        from transformers.integrations import HfDeepSpeedConfig
+
+        self.hf_zero3 = HfDeepSpeedConfig(deepspeed_config)
+
+    def teardown(self, stage: str) -> None:
+        if self.hf_zero3 is not None:
+            from transformers.integrations.deepspeed import unset_hf_deepspeed_config
+
+            unset_hf_deepspeed_config()
+            self.hf_zero3 = None
 
     def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
         assert self.model is not None and self.maker is not None
