@@ -2,11 +2,12 @@
 
     python tests/helpers/step_calls_run.py OUT.json
 
-One CPU process trains the tiny GPT-2 for a few steps under ``zero2`` (with and without activation checkpointing)
-twice: through :class:`DeepSpeedZeroStrategy`, and through Lightning's ``DeepSpeedStrategy`` (as our CPU-capable
-base class, with no lightning-zero code on the step path) given the same resolved DeepSpeed config, with
-checkpointing switched on in the model by hand as a Lightning user would. ``cProfile`` counts every Python call of
-the profiled steps: a count, unlike a time, does not depend on the machine's load.
+One CPU process trains the tiny GPT-2 for a few steps under each of :data:`CONFIGS` (``zero2`` with and without
+activation checkpointing, ``zero3``, ``zero2`` with the optimizer on the CPU) twice: through
+:class:`DeepSpeedZeroStrategy`, and through Lightning's ``DeepSpeedStrategy`` (as our CPU-capable base class, with
+no lightning-zero code on the step path) given the same resolved DeepSpeed config, with checkpointing switched on
+in the model by hand and DeepSpeed's CPU Adam created in the module, as a Lightning user would. ``cProfile``
+counts every Python call of the profiled steps: a count, unlike a time, does not depend on the machine's load.
 """
 
 from __future__ import annotations
@@ -66,15 +67,35 @@ class StepProfile(L.Callback):
         return pstats.Stats(self.profile).total_calls / len(PROFILED)  # type: ignore[attr-defined]
 
 
-def calls_per_step(ours: bool, checkpointing: bool) -> float:
-    zero = DeepSpeedZeroConfig(stage=2, activation_checkpointing=checkpointing)
-    module = TinyLM(scheduler=False)
+class CpuAdamLM(TinyLM):
+    """The tiny GPT-2 creating DeepSpeed's CPU Adam itself, as Lightning's docs tell its offload users to (ours
+    swaps the task's AdamW for the same optimizer before the engine is built)."""
+
+    def configure_optimizers(self) -> Any:
+        from deepspeed.ops.adam import DeepSpeedCPUAdam
+
+        return DeepSpeedCPUAdam(self.parameters(), lr=self.hparams["lr"], weight_decay=self.hparams["weight_decay"])
+
+
+#: The configurations counted, by the suffix of their keys in the output: our preset fields for each.
+CONFIGS: dict[str, dict[str, Any]] = {
+    "": {"stage": 2},
+    "+ac": {"stage": 2, "activation_checkpointing": True},
+    "+zero3": {"stage": 3},
+    "+offload": {"stage": 2, "offload_optimizer": "cpu"},
+}
+
+
+def calls_per_step(ours: bool, fields: dict[str, Any]) -> float:
+    zero = DeepSpeedZeroConfig(**fields)
+    offloads = zero.offload_optimizer != "none"
+    module = CpuAdamLM(scheduler=False) if offloads and not ours else TinyLM(scheduler=False)
     if ours:
         strategy: Any = DeepSpeedZeroStrategy(zero=zero)
     else:
         config = resolve_auto(to_deepspeed_config(zero), TrainerValues(micro_batch_size=4, precision="32-true"))
         strategy = LightningDeepSpeed(config=for_lightning(config))
-        if checkpointing:
+        if zero.activation_checkpointing:
             module.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     profile = StepProfile()
     trainer = quiet_trainer(devices=1, strategy=strategy, max_steps=max(PROFILED) + 2, callbacks=[profile])
@@ -87,8 +108,8 @@ def main() -> None:
     parser.add_argument("out", type=Path)
     args = parser.parse_args()
     counts = {
-        f"{'ours' if ours else 'lightning'}{'+ac' if checkpointing else ''}": calls_per_step(ours, checkpointing)
-        for checkpointing in (False, True)
+        f"{'ours' if ours else 'lightning'}{suffix}": calls_per_step(ours, fields)
+        for suffix, fields in CONFIGS.items()
         for ours in (True, False)
     }
     args.out.write_text(json.dumps(counts))
