@@ -174,7 +174,7 @@ def test_an_unknown_optimizer_stops_the_floor_before_it_times_any() -> None:
 _BENCH_SETUP_IMPORTS = """
 import sys
 from benchmarks.bench.catalogue import EXPERIMENTS
-from benchmarks.bench.workload import AUTO_CLASSES, BenchModule
+from benchmarks.bench.workload import BenchModule
 from lightning_zero.models.shapes import shape_config
 def modeling_module(experiment):
     model_type = shape_config(f"shape:{experiment.shape}").model_type.replace("-", "_")

@@ -144,8 +144,7 @@ class BenchModule(L.LightningModule):
         """What transformers' docs tell a user of DeepSpeed outside its Trainer to do before building a model
         under ZeRO-3 (Lightning's strategy does not; lightning-zero's does it itself): without it, transformers
         (5.17, 5.24) initialises the partitioned (empty) weights in place and DeBERTa-v2's padding row fails to
-        index.
-        The object must stay alive while the model is built; :meth:`teardown` lets go of it."""
+        index. The object must stay alive while the model is built; :meth:`teardown` lets go of it."""
         from transformers.integrations import HfDeepSpeedConfig
 
         self.hf_zero3 = HfDeepSpeedConfig(deepspeed_config)
