@@ -76,9 +76,10 @@ def _build_in_child(builder: str, timeout_s: float) -> str | None:
 
 
 def _stale_lock_hint() -> str:
-    from torch.utils.cpp_extension import get_default_build_root
+    from torch.utils.cpp_extension import _get_build_directory
 
-    return (
-        "if an earlier build was killed, delete its lock file "
-        f"({get_default_build_root()}/*/<op>/lock) and run `lightning-zero build-ops` again"
-    )
+    root = Path(_get_build_directory("", verbose=False))
+    locks = sorted(str(lock) for lock in root.glob("*/lock"))
+    if locks:  # the waited-on lock may be another op's: one op's build can load another
+        return f"if no other build is running, delete {', '.join(locks)} and run `lightning-zero build-ops` again"
+    return f"no build lock is left under {root}; run `lightning-zero build-ops` again (built ops are kept)"
