@@ -1,15 +1,15 @@
 """Golden losses: the first training losses of each task under each backend family, pinned in ``tests/golden/``.
 
     python tests/helpers/golden.py OUT_DIR [--cases causal_lm-ddp ...]   # a fresh run (2 CPU processes)
-    python tests/helpers/golden.py --commit     # regenerate the committed files of this CPU's instruction set
+    python tests/helpers/golden.py --commit     # regenerate the committed files of this kind of CPU
 
 A case is ``TASK-BACKEND``: a tiny model of each task (classification, seq2seq, causal LM) on shipped data, trained
 for :data:`STEPS` steps in ``32-true`` on 2 CPU processes under one strategy of each backend family. Rank 0 writes
 ``OUT_DIR/<case>.json`` with the per-step training losses (mean over ranks). All cases share one process group, so
 a case costs seconds, not a launch. ``tests/test_golden_losses.py`` compares a fresh run with the committed files
-of the CPU's instruction set (torch's kernels differ between AVX2 and AVX512 in the last bit) exactly: a refactor
-that changes any loss by one bit fails it. Regenerate only for an intended change of behaviour, on each kind of
-CPU, and say which in the commit message.
+of the CPU's instruction set and vendor (torch's kernels differ between AVX2 and AVX512, and between Intel and AMD,
+in the last bit) exactly: a refactor that changes any loss by one bit fails it. Regenerate only for an intended
+change of behaviour, on each kind of CPU, and say which in the commit message.
 """
 
 from __future__ import annotations
@@ -43,8 +43,17 @@ GOLDEN = Path(__file__).resolve().parents[1] / "golden"
 
 
 def committed_dir() -> Path:
-    """Where this CPU's committed losses are: one folder per instruction set torch's kernels use."""
-    return GOLDEN / torch.backends.cpu.get_cpu_capability()
+    """Where this CPU's committed losses are: one folder per instruction set torch's kernels use and CPU vendor
+    (an Intel and an AMD CPU, both ``AVX512`` to torch, differ in the last bit: the math libraries pick their
+    kernels by vendor too)."""
+    return GOLDEN / f"{torch.backends.cpu.get_cpu_capability()}-{cpu_vendor()}"
+
+
+def cpu_vendor() -> str:
+    """The CPU's vendor as Linux names it (``GenuineIntel``, ``AuthenticAMD``), or ``unknown``."""
+    cpuinfo = Path("/proc/cpuinfo")
+    lines = cpuinfo.read_text().splitlines() if cpuinfo.exists() else []
+    return next((line.split(":", 1)[1].strip() for line in lines if line.startswith("vendor_id")), "unknown")
 
 
 def classification(cache_dir: str | None) -> tuple[L.LightningModule, L.LightningDataModule]:
