@@ -281,6 +281,10 @@ def main() -> None:
         result = execute(run, args)
         if result is not None:
             torch.save(result, args.out / f"{result_name(run)}.pt")
+    # Once, with every result written, both ranks aborted at interpreter exit ("terminate called without an active
+    # exception", exit -6) with the process group still up; shut it down before Python does.
+    if torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
 
 
 if __name__ == "__main__":
