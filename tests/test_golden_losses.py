@@ -4,9 +4,8 @@ One 2-process launch trains all cases (``tests/helpers/golden.py``, about 40 s);
 ``tests/golden/<instruction set>-<vendor>/<case>.json`` exactly, as torchtitan's loss-compare check does. torch's
 kernels round differently under AVX2 and AVX512, and on Intel and AMD CPUs of one instruction set (measured: at
 most 1.4e-7 relative, one bit); a CPU with no committed set of its own is compared with the AMD AVX2 set within
-1e-6. Refactors must leave these unchanged. After an intended change
-of behaviour, regenerate the files with ``python tests/helpers/golden.py --commit`` on each kind of CPU and say why
-in the commit.
+1e-6. Refactors must leave these unchanged. After an intended change of behaviour, regenerate the files with
+``python tests/helpers/golden.py --commit`` on each kind of CPU and say why in the commit.
 """
 
 from __future__ import annotations
@@ -62,7 +61,7 @@ def test_each_kind_of_cpus_losses_are_the_fallback_ones_within_the_fallback_tole
     sets = [path for path in GOLDEN.iterdir() if path.is_dir()]
     assert {"AVX2-AuthenticAMD", "AVX512-AuthenticAMD", "AVX512-GenuineIntel"} <= {path.name for path in sets}
     for case in CASES:
-        avx2 = _losses(FALLBACK / f"{case}.json")
+        fallback = _losses(FALLBACK / f"{case}.json")
         for path in sets:
             losses = _losses(path / f"{case}.json")
-            assert losses == pytest.approx(avx2, rel=FALLBACK_TOLERANCE, abs=0), (path.name, case)
+            assert losses == pytest.approx(fallback, rel=FALLBACK_TOLERANCE, abs=0), (path.name, case)
