@@ -88,8 +88,7 @@ CONFIGS: dict[str, dict[str, Any]] = {
 
 def calls_per_step(ours: bool, fields: dict[str, Any]) -> float:
     zero = DeepSpeedZeroConfig(**fields)
-    offloads = zero.offload_optimizer != "none"
-    module = CpuAdamLM(scheduler=False) if offloads and not ours else TinyLM(scheduler=False)
+    module = CpuAdamLM(scheduler=False) if zero.offloads and not ours else TinyLM(scheduler=False)
     if ours:
         strategy: Any = DeepSpeedZeroStrategy(zero=zero)
     else:
