@@ -18,7 +18,7 @@ from benchmarks.bench.catalogue import EXPERIMENTS, OVERHEAD_PAIRS, plan_rows
 from benchmarks.bench.flops import StepFlops
 from benchmarks.bench.lengths import load_distribution
 from benchmarks.bench.main import for_lightning, main, selected_pairs
-from benchmarks.bench.report import Metrics, compile_section, overhead_section, table_rows
+from benchmarks.bench.report import Metrics, compile_section, markdown_table, overhead_section, table_rows
 from benchmarks.bench.search import SearchPolicy, bracket, next_candidate
 
 GIB = 1024**3
@@ -125,6 +125,20 @@ def test_compiled_rows_are_compared_with_the_same_row_without_compilation() -> N
     other_machine = table_rows([row("zero2+ac@64", 100.0), row("zero2+ac+compile@64", 80.0, session="b")])
     assert "| 0.80 † |" in compile_section(other_machine)
     assert compile_section(table_rows([row("zero2+ac@64", 100.0)])) == ""
+
+
+def test_a_search_stopped_by_its_time_budget_gives_a_lower_bound_and_no_batch_ratio() -> None:
+    def row(strategy: str, max_batch: int, oom_batch: int | None, at_limit: bool = False) -> Metrics:
+        key = f"t5-3b/reviews/{strategy}"
+        return Metrics(key, "t5-3b", "reviews", strategy, "ok", max_batch, oom_batch, at_limit, samples_per_s=50.0)
+
+    anchor = next(e for e in EXPERIMENTS if e.name == "t5-3b").anchor
+    cut = table_rows([row(anchor, 128, None), row("zero2_offload+ac", 512, None, at_limit=True)])
+    assert cut[1].batch_vs_anchor is None and cut[1].speed_vs_anchor == 1.0
+    table = markdown_table(cut, next(e for e in EXPERIMENTS if e.name == "t5-3b"), "reviews")
+    assert f"| {anchor} | >=128 (search out of time) |" in table and "| zero2_offload+ac | >=512 |" in table
+    bracketed = table_rows([row(anchor, 128, 129), row("zero2_offload+ac", 512, None, at_limit=True)])
+    assert bracketed[1].batch_vs_anchor == 4.0
 
 
 def test_the_same_config_goes_to_lightning_without_the_accumulation_it_sets_itself() -> None:

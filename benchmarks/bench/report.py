@@ -52,6 +52,12 @@ class Metrics:
     auto_plan: Mapping[str, int] | None = None
 
 
+def search_out_of_time(m: Metrics) -> bool:
+    """Whether the search stopped on its time budget below the experiment's limit, with no batch out of memory:
+    its batch is then only a lower bound of what fits."""
+    return m.fixed_batch is None and m.max_batch > 0 and m.oom_batch is None and not m.at_limit
+
+
 def _session_id(session: Mapping[str, Any]) -> str:
     return f"{session.get('host', '?')}:{session.get('gpu_uuid', '')}"
 
@@ -141,6 +147,8 @@ def usable_batch(m: Metrics) -> int | None:
     there; ``None`` when no fresh process fitted any (the search's figure is then only an upper bound)."""
     if m.fresh_ooms:
         return m.measured_batch if m.samples_per_s is not None else None
+    if search_out_of_time(m):
+        return None
     return m.max_batch or None
 
 
@@ -180,7 +188,10 @@ def _batch_text(m: Metrics) -> str:
         return f"{m.fixed_batch} (set)" if m.status == "ok" else "error"
     if not m.max_batch:
         return "error" if m.status == "error" else f"OOM at {m.oom_batch or 1}"
-    text = f">={m.max_batch}" if m.at_limit else str(m.max_batch)
+    out_of_time = search_out_of_time(m)
+    text = f">={m.max_batch}" if m.at_limit or out_of_time else str(m.max_batch)
+    if out_of_time:
+        text += " (search out of time)"
     if m.oom_batch:
         text += f" ({m.oom_batch} OOM)"
     if m.fresh_ooms:
