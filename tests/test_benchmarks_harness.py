@@ -90,9 +90,12 @@ def test_one_process_measures_dynamic_lengths_padded_per_batch(tmp_path: Path) -
     (row,) = _results(out)
     assert (row["max_batch"], row["oom_batch"]) == (5, 6)
     steps = row["measure"]["steps"]
-    worst = load_distribution("reviews").worst(32, 32)
+    worst = load_distribution("reviews").worst(64, 64)
     assert all(step["source"] <= worst[0] and step["target"] <= worst[1] for step in steps)
     assert any(step["tokens"] < 5 * (step["source"] + step["target"]) for step in steps), "padding is counted apart"
+    first_warmup, *_ = row["measure"]["warmup_steps"]
+    assert (first_warmup["source"], first_warmup["target"]) == worst, "a fresh run must fit an epoch's longest batch"
+    assert any(step["source"] < worst[0] for step in steps), "the timed steps must draw their lengths"
 
 
 @pytest.mark.timeout(240)

@@ -180,6 +180,12 @@ def compile_pair(batch: int, preset: str = "zero2", checkpointing: bool = True) 
     )
 
 
+#: GPT-2 XL's DeepSpeed offload rows with activation checkpointing: the like-for-like partners of its FSDP2 row.
+LIGHTNING_DS3_OFFLOAD_GC = StrategySpec(
+    "lightning_ds3_offload+hf_gc", "lightning", "deepspeed_stage_3_offload", hf_checkpointing=True, start=16
+)
+ZERO3_OFFLOAD_AC = StrategySpec("zero3_offload+ac", "ours", "zero3_offload", _AC, start=16)
+
 _MRPC = "Lightning's DeepSpeed/FairScale report (DeBERTa-v2-xlarge on MRPC, BlenderBot, GPT-2 XL), 2 GPUs"
 _HF = "Hugging Face 'Fit More and Train Faster With ZeRO via DeepSpeed and FairScale' (t5-large 2 GPUs, t5-3b 1 GPU)"
 
@@ -218,9 +224,7 @@ EXPERIMENTS: tuple[Experiment, ...] = (
             StrategySpec("lightning_ds3_offload", "lightning", "deepspeed_stage_3_offload", start=8),
             StrategySpec("zero3_offload", "ours", "zero3_offload", start=8),
             StrategySpec("zero2_offload+ac", "ours", "zero2_offload", {**_AC, "pin_memory": True}, start=16),
-            StrategySpec(
-                "lightning_ds3_offload+hf_gc", "lightning", "deepspeed_stage_3_offload", hf_checkpointing=True, start=16
-            ),
+            LIGHTNING_DS3_OFFLOAD_GC,
             StrategySpec("zero3_offload@16", "ours", "zero3_offload", batch=16),
             StrategySpec("zero2_offload@16", "ours", "zero2_offload", batch=16),
             StrategySpec("zero_auto@16", "auto", "zero_auto", batch=16),
@@ -228,6 +232,8 @@ EXPERIMENTS: tuple[Experiment, ...] = (
             FAIRSCALE2,
             FSDP2_OFFLOAD_AC,
             at_batch(FSDP2_OFFLOAD_AC, 207),
+            at_batch(LIGHTNING_DS3_OFFLOAD_GC, 207),
+            at_batch(ZERO3_OFFLOAD_AC, 207),
         ),
         anchor="lightning_ds3_offload",
         report=(ReportRow("DDP", None), ReportRow("ZeRO-3 + CPU offload", 16)),
@@ -308,7 +314,7 @@ SMOKE_EXPERIMENTS: tuple[Experiment, ...] = (
         name="tiny-t5",
         shape="tiny-t5",
         task="seq2seq",
-        lengths=(Lengths("reviews", 32, 32),),
+        lengths=(Lengths("reviews", 64, 64),),
         strategies=(SINGLE,),
         anchor="single",
         report=(ReportRow("DDP", 4), ReportRow("ZeRO-2", 8)),

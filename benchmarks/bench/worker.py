@@ -8,8 +8,9 @@ collective for ever, so the parent kills the whole trial; nothing here tries to 
 Search: stages of increasing micro-batch, each one or two steps at the worst-case lengths, with the allocator's
 cache emptied between stages; each stage's peak reserved memory (the maximum over ranks) predicts where the cap
 is, so the search doubles while far from it and then closes in (:func:`benchmarks.bench.search.next_candidate`).
-Measure: warm-up steps, then timed steps (a CUDA sync around each) until enough non-skipped ones or the time
-budget, then a few profiled steps with syncs between forward, backward and optimizer step.
+Measure: warm-up steps (the first at the worst-case lengths), then timed steps (a CUDA sync around each) until
+enough non-skipped ones or the time budget, then a few profiled steps with syncs between forward, backward and
+optimizer step.
 """
 
 from __future__ import annotations
@@ -182,7 +183,12 @@ class SearchController(Controller):
 
 
 class MeasureController(Controller):
-    """Warm-up, then timed steps at one micro-batch, then a few profiled steps."""
+    """Warm-up, then timed steps at one micro-batch, then a few profiled steps.
+
+    The first warm-up step runs the worst-case lengths: a fresh process must fit the longest batch of an epoch
+    (what the search fitted), and ``torch.compile`` meets a second shape inside the warm-up, where its one
+    recompilation for dynamic shapes belongs, rather than in a timed step.
+    """
 
     def __init__(
         self,
@@ -197,11 +203,12 @@ class MeasureController(Controller):
         profile_steps: int,
     ) -> None:
         super().__init__(writer, fit_index, memory)
-        self.batch, self.worst = batch, False
+        self.batch = batch
         self.warmup, self.steps, self.budget_s = warmup, steps, budget_s
         self.min_steps, self.profile_steps = min_steps, profile_steps
         self.skips = SkipCounter()
         self.done_steps = 0
+        self.warmup_steps: list[dict[str, Any]] = []
         self.timed: list[dict[str, Any]] = []
         self.profile: list[dict[str, float]] = []
         self.marks: dict[str, float] = {}
@@ -219,6 +226,7 @@ class MeasureController(Controller):
         if self.phase == "warmup" and self.done_steps == self.warmup:
             self.phase, self.timed_start = "timed", time.perf_counter()
             _reset_peak(self.device)
+        self.worst = self.phase == "warmup" and self.done_steps == 0
         self.marks = {"start": time.perf_counter()}
 
     def on_before_backward(self, trainer: L.Trainer, pl_module: L.LightningModule, loss: torch.Tensor) -> None:
@@ -236,7 +244,9 @@ class MeasureController(Controller):
         assert isinstance(pl_module, BenchModule)
         self.batch = pl_module.last_batch
         step = {"s": end - self.marks["start"], "skipped": skipped, **pl_module.last_facts}
-        if self.phase == "timed":
+        if self.phase == "warmup":
+            self.warmup_steps.append(step)
+        elif self.phase == "timed":
             self.timed.append(step)
             good = sum(not s["skipped"] for s in self.timed)
             elapsed = end - self.timed_start
@@ -264,6 +274,7 @@ class MeasureController(Controller):
             batch=self.batch,
             world_size=trainer.world_size,
             warmup=self.warmup,
+            warmup_steps=self.warmup_steps,
             steps=self.timed,
             profile=self.profile,
             peak_allocated=allocated,

@@ -33,7 +33,8 @@ class ZeroConfig:
         activation_checkpointing: Recompute each transformer block's activations in the backward pass
             instead of storing them. Applied to the model's blocks without model code changes.
         compile_blocks: Compile each transformer block with ``torch.compile``, in place, without model code
-            changes. The first steps of each new batch shape take longer while it compiles.
+            changes. Blocks compile at the first step and once more, with the length as a symbol, at the first
+            batch of another shape: a one-off that short runs at dynamic lengths may not repay.
         memory_budget_gib: Memory each process may use on its accelerator, in GiB (``None``: all of it). On CUDA
             the process is capped to it; the model states must fit in it (the error names a layout that does),
             and offloaded states must fit in the host's free RAM.
