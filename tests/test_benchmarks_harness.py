@@ -20,6 +20,7 @@ from benchmarks.bench.lengths import load_distribution
 from benchmarks.bench.main import for_lightning, main, selected_pairs
 from benchmarks.bench.report import Metrics, compile_section, markdown_table, overhead_section, table_rows
 from benchmarks.bench.search import SearchPolicy, bracket, next_candidate
+from benchmarks.bench.worker import timing_done
 
 GIB = 1024**3
 COMMON = [
@@ -96,6 +97,16 @@ def test_one_process_measures_dynamic_lengths_padded_per_batch(tmp_path: Path) -
     first_warmup, *_ = row["measure"]["warmup_steps"]
     assert (first_warmup["source"], first_warmup["target"]) == worst, "a fresh run must fit an epoch's longest batch"
     assert any(step["source"] < worst[0] for step in steps), "the timed steps must draw their lengths"
+
+
+def test_a_measurement_takes_its_minimum_steps_however_long_they_take() -> None:
+    good, skipped = {"skipped": False}, {"skipped": True}
+    # 30 good steps, 15 s past a 5 s budget: the old guard (3x the budget) stopped here, short of 50.
+    assert not timing_done([good] * 30, elapsed_s=15.0, steps=1000, min_steps=50, budget_s=5.0)
+    assert timing_done([good] * 50, elapsed_s=25.0, steps=1000, min_steps=50, budget_s=5.0)
+    assert not timing_done([good] * 60, elapsed_s=4.0, steps=1000, min_steps=50, budget_s=5.0), "budget not spent"
+    assert not timing_done([good] * 49 + [skipped] * 3, elapsed_s=30.0, steps=1000, min_steps=50, budget_s=5.0)
+    assert timing_done([skipped] * 50, elapsed_s=30.0, steps=1000, min_steps=50, budget_s=5.0), "fp16 gives up"
 
 
 @pytest.mark.timeout(240)

@@ -257,6 +257,8 @@ EXPERIMENTS: tuple[Experiment, ...] = (
         strategies=(
             *GPU_ONLY,
             *compile_pair(64),
+            *compile_pair(128),
+            *compile_pair(208),
             at_batch(FSDP2_AC, 64),
             at_batch(FSDP2_AC, 272),
             *compile_pair(16, "zero3_fsdp", checkpointing=False),

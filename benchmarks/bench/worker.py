@@ -182,6 +182,15 @@ class SearchController(Controller):
             self.batch = candidate
 
 
+def timing_done(timed: list[dict[str, Any]], elapsed_s: float, steps: int, min_steps: int, budget_s: float) -> bool:
+    """Whether the timed steps so far are enough: ``steps`` good ones, or ``min_steps`` once ``budget_s`` has passed
+    (however long they take). fp16 steps skipped on overflow do not count; once ``min_steps`` of them were skipped
+    the measurement gives up (fp16 overflowing at every step)."""
+    good = sum(not step["skipped"] for step in timed)
+    skipped = len(timed) - good
+    return good >= steps or (elapsed_s >= budget_s and good >= min_steps) or skipped >= min_steps
+
+
 class MeasureController(Controller):
     """Warm-up, then timed steps at one micro-batch, then a few profiled steps.
 
@@ -248,10 +257,7 @@ class MeasureController(Controller):
             self.warmup_steps.append(step)
         elif self.phase == "timed":
             self.timed.append(step)
-            good = sum(not s["skipped"] for s in self.timed)
-            elapsed = end - self.timed_start
-            enough = good >= self.steps or (elapsed >= self.budget_s and good >= self.min_steps)
-            if enough or elapsed >= 3 * self.budget_s:  # e.g. fp16 overflowing at every step
+            if timing_done(self.timed, end - self.timed_start, self.steps, self.min_steps, self.budget_s):
                 self.phase = "profile" if self.profile_steps else "end"
         elif self.phase == "profile" and not skipped:
             marks = self.marks
