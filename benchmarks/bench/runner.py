@@ -343,7 +343,8 @@ def measure_row(
         if clock.left() < needed:
             error = f"not measured: {clock.left():.0f} s left of the run, about {needed:.0f} s needed"
             return MeasureResult(None, batch, fresh_ooms, error, seconds)
-        timeout = max(needed + 30, min(clock.left() - 5, startup_s + settings.measure_budget_s * 3 + 135))
+        # at least twice the estimate: a measurement takes its `min_steps` however long they take
+        timeout = max(2 * needed, min(clock.left() - 5, startup_s + settings.measure_budget_s * 3 + 135))
         budget = max(5.0, min(settings.measure_budget_s, (clock.left() - needed) / 2 + settings.min_steps * step_s))
         fit = measure_fit(settings, row, batch, budget_s=budget)
         outcome = run_trial(settings, f"{_slug(row)}-measure{attempt}", [fit], timeout)
