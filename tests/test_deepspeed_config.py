@@ -37,6 +37,18 @@ def test_presets_translate_to_their_stage_and_offload(preset: Preset) -> None:
     assert ("stage3_prefetch_bucket_size" in zero) == (zero["stage"] == 3)
 
 
+@pytest.mark.parametrize(
+    "preset", [p for p in PRESETS if p.name in ("zero2_offload", "zero3_offload")], ids=lambda p: p.name
+)
+def test_offload_presets_pin_host_buffers_unless_told(preset: Preset) -> None:
+    def pinned(**fields: bool) -> list[bool]:
+        zero = to_deepspeed_config(DeepSpeedZeroConfig(**{**preset.fields, **fields}))["zero_optimization"]
+        return [zero[key]["pin_memory"] for key in ("offload_optimizer", "offload_param") if key in zero]
+
+    assert pinned() and all(pinned())
+    assert not any(pinned(pin_memory=False))
+
+
 def test_no_clipping_asked_means_none_happens() -> None:
     # DeepSpeed clips to norm 1.0 when the key is missing; ours must always write the Trainer's choice.
     config = resolve_auto(to_deepspeed_config(DeepSpeedZeroConfig()), VALUES)
