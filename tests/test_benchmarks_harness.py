@@ -56,7 +56,7 @@ def test_search_doubles_then_jumps_to_the_prediction_and_probes_one_step_up() ->
 def test_plan_puts_each_experiments_headline_rows_first_and_flops_grow_with_length() -> None:
     rows = plan_rows(list(EXPERIMENTS))
     t5_3b = [row.strategy for row in rows if row.experiment == "t5-3b"][:3]
-    assert t5_3b == ["single", "lightning_ds2_offload+hf_gc", "zero2_offload+ac"]
+    assert t5_3b == ["single", "lightning_ds2_offload+hf_gc", "zero2_offload+ac+pin"]
     assert rows[0].experiment == "t5-3b" and len({row.key for row in rows}) == len(rows)
     flops = StepFlops(1000, 0, 2, 0, 64, 0)
     assert flops.per_sample(128) > 2 * flops.per_sample(64)

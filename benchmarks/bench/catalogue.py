@@ -110,7 +110,7 @@ class Experiment:
     source: str
     max_batch: int = 512
     vocab_size: int | None = None
-    headline: tuple[str, ...] = ("lightning_ds2+hf_gc", "zero2+ac", "zero2_offload+ac", "zero3_offload")
+    headline: tuple[str, ...] = ("lightning_ds2+hf_gc", "zero2+ac", "zero2_offload+ac+pin", "zero3_offload")
 
     def strategy(self, label: str) -> StrategySpec:
         """The strategy labelled ``label``: one of this experiment's rows, or of a same-config pair."""
@@ -266,6 +266,8 @@ EXPERIMENTS: tuple[Experiment, ...] = (
             at_batch(LIGHTNING_DS3_OFFLOAD_GC, 207),
             at_batch(ZERO3_OFFLOAD_AC, 207),
             at_batch(ZERO3_OFFLOAD_AC_PIN, 207),
+            at_batch(LIGHTNING_DS3_OFFLOAD_GC, 192),
+            at_batch(ZERO3_OFFLOAD_AC_PIN, 192),
             *retimed((LIGHTNING_DS3_OFFLOAD, 33)),
         ),
         anchor="lightning_ds3_offload",

@@ -31,7 +31,8 @@ class DeepSpeedZeroConfig(ZeroConfig):
         nvme_path: Directory for NVMe offload (must exist when an offload target is ``"nvme"``).
         pin_memory: Page-lock offloaded CPU memory, as DeepSpeed itself does by default: asynchronous host-device
             copies at full bandwidth (``benchmarks/README.md`` measures the gain). Page-locked memory cannot be
-            swapped out; set ``false`` on a host short of RAM. Without a GPU nothing is pinned.
+            swapped out; set ``false`` on a host short of RAM, or at the very edge of GPU memory, where pinning
+            can cost the last few percent of the batch. Without a GPU nothing is pinned.
         overlap_comm: Overlap gradient reduction with the backward pass.
         contiguous_gradients: Copy gradients into one buffer as they are produced (less fragmentation).
         reduce_bucket_size: Elements reduced at a time.
