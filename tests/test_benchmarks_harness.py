@@ -8,10 +8,13 @@ from __future__ import annotations
 
 import csv
 import json
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 from benchmarks.bench.catalogue import EXPERIMENTS, OVERHEAD_PAIRS, plan_rows
@@ -19,6 +22,7 @@ from benchmarks.bench.flops import StepFlops
 from benchmarks.bench.lengths import load_distribution
 from benchmarks.bench.main import for_lightning, main, selected_pairs
 from benchmarks.bench.report import Metrics, compile_section, markdown_table, overhead_section, table_rows
+from benchmarks.bench.runner import REPRODUCE, wait_for_build
 from benchmarks.bench.search import SearchPolicy, bracket, next_candidate
 from benchmarks.bench.worker import timing_done
 
@@ -250,3 +254,31 @@ def test_under_lightnings_zero3_the_bench_module_builds_a_model_with_a_padding_r
     # Built in Lightning's zero.Init without transformers knowing, DeBERTa-v2 fails to initialise its padding row.
     result = subprocess.run([sys.executable, "-c", _LIGHTNING_ZERO3_BUILD], capture_output=True, text=True, timeout=180)
     assert result.returncode == 0, result.stderr[-2000:]
+
+
+@pytest.mark.timeout(120)
+def test_a_run_ended_by_sigterm_ends_its_trial_processes(tmp_path: Path) -> None:
+    args = ["run", "--out", str(tmp_path), "--experiments", "tiny-gpt2", "--strategies", "single", *COMMON]
+    harness = psutil.Popen([sys.executable, str(REPRODUCE), *args, "--emulate-memory", "0.5:0.1"])
+    deadline = time.monotonic() + 90
+    while not (trials := harness.children(recursive=True)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert trials, "no trial process started"
+    harness.send_signal(signal.SIGTERM)
+    assert harness.wait(timeout=30) == 128 + signal.SIGTERM
+    _, alive = psutil.wait_procs(trials, timeout=10)
+    assert alive == [], "a trial outlived the run"
+
+
+def test_a_build_is_waited_for_and_ended_when_it_outlasts_its_limit() -> None:
+    def sleeper(seconds: float) -> subprocess.Popen:
+        code = f"import time; time.sleep({seconds})"
+        return subprocess.Popen([sys.executable, "-c", code], start_new_session=True)
+
+    quick = sleeper(1)
+    wait_for_build(quick, timeout_s=60)
+    assert quick.returncode == 0, "the build was not waited for"
+    stuck = sleeper(600)
+    start = time.monotonic()
+    wait_for_build(stuck, timeout_s=1)
+    assert stuck.returncode is not None and time.monotonic() - start < 30

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import signal
 import subprocess
 import sys
 import time
@@ -288,17 +289,26 @@ def measure_peak() -> None:
 
 
 def run(args: argparse.Namespace) -> None:
-    from benchmarks.bench.runner import Clock, append_result, finished, load_results, run_row
+    from benchmarks.bench.runner import start_cpu_adam_build, wait_for_build
+    from lightning_zero.strategies.ops import BUILD_LIMIT_S
 
     settings = _settings(args)
     pairs = selected_pairs(args.overhead_pairs) if args.overhead else []
     rows = _selected_rows(args)
     args.out.mkdir(parents=True, exist_ok=True)
-    if args.prebuild_ops:
-        build = "from deepspeed.ops.op_builder import CPUAdamBuilder; CPUAdamBuilder().load()"
-        subprocess.Popen(
-            [sys.executable, "-c", build], stdout=(args.out / "cpu_adam_build.log").open("w"), stderr=subprocess.STDOUT
-        )
+    build = start_cpu_adam_build(args.out / "cpu_adam_build.log") if args.prebuild_ops else None
+    try:
+        _run_rows(args, settings, rows, pairs)
+    finally:
+        if build is not None:
+            wait_for_build(build, BUILD_LIMIT_S)
+
+
+def _run_rows(
+    args: argparse.Namespace, settings: Any, rows: list[Row], pairs: list[tuple[StrategySpec, StrategySpec]]
+) -> None:
+    from benchmarks.bench.runner import Clock, append_result, finished, load_results, run_row
+
     if args.accelerator == "gpu":
         _peak_tflops_subprocess(args.out)
     clock = Clock(settings.budget_s)
@@ -401,8 +411,16 @@ def accuracy(args: argparse.Namespace) -> None:
     print(table, flush=True)
 
 
+def _exit_on_sigterm(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)
+
+
 def main(argv: list[str] | None = None) -> None:
     args = _parser().parse_args(argv)
+    if args.command in ("run", "accuracy"):
+        # `timeout` and job schedulers end a run with SIGTERM: exit through the `finally` blocks that end its
+        # trial processes (each in a session of its own, which the signal does not reach).
+        signal.signal(signal.SIGTERM, _exit_on_sigterm)
     if args.command == "run":
         run(args)
     elif args.command == "report":

@@ -126,6 +126,39 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+def child_environment() -> dict[str, str]:
+    """The environment of a child process: this one's, with the repository importable and output unbuffered."""
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH", "")]))
+    return env
+
+
+def start_cpu_adam_build(log: Path) -> subprocess.Popen:
+    """Build DeepSpeed's CPU Adam in a process group of its own (lightning-zero's ``build_op``, which clears a
+    lock a long-killed build left), its output in ``log``."""
+    code = "from lightning_zero.strategies.ops import build_op; build_op('CPUAdamBuilder')"
+    return subprocess.Popen(
+        [sys.executable, "-c", code],
+        cwd=REPO,
+        env=child_environment(),
+        stdout=log.open("w"),
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+
+
+def wait_for_build(process: subprocess.Popen, timeout_s: float) -> None:
+    """Let a build end before the run does: one killed midway leaves torch's build lock behind, and the next
+    build waits on it (a later run on the same machine stalled in its first offload trial)."""
+    if process.poll() is None:
+        print("waiting for DeepSpeed's CPU Adam build to end", flush=True)
+        try:
+            process.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            _kill(process)
+            process.wait()
+
+
 def _kill(process: subprocess.Popen) -> None:
     with contextlib.suppress(ProcessLookupError):
         os.killpg(process.pid, signal.SIGKILL)
@@ -168,8 +201,7 @@ def run_trial(settings: RunSettings, name: str, fits: list[dict[str, Any]], time
     port = _free_port()
     processes = []
     for rank in range(settings.devices):
-        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH", "")]))
+        env = child_environment()
         if settings.devices > 1:
             env.update(
                 RANK=str(rank),
