@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from benchmarks.bench import accuracy
 from benchmarks.bench.accuracy import FineTune, accuracy_table, final_metrics, load_records, run_accuracy, run_config
 
 
@@ -60,3 +64,21 @@ def test_a_failing_run_is_recorded_with_its_reason_and_retried_on_resume(tmp_pat
     run_accuracy(tmp_path, tune, ["no_such_strategy"], [1], parallel=1)
     assert len(load_records(tmp_path)) == 2, "what did not finish runs again"
     assert json.loads((tmp_path / "accuracy.jsonl").read_text().splitlines()[0])["seed"] == 1
+
+
+def test_a_run_ended_early_ends_the_fine_tunes_it_started(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    started: list[subprocess.Popen[bytes]] = []
+
+    def start(*args: Any) -> tuple[subprocess.Popen[bytes], Path]:
+        started.append(subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"]))
+        return started[-1], tmp_path
+
+    def ended_by_sigterm(*args: Any) -> dict[str, Any]:
+        raise SystemExit(143)
+
+    monkeypatch.setattr(accuracy, "_start", start)
+    monkeypatch.setattr(accuracy, "_finish", ended_by_sigterm)
+    tune = FineTune(accelerator="cpu", precision="32-true", limit_train=8, batch_size=4)
+    with pytest.raises(SystemExit):
+        run_accuracy(tmp_path, tune, ["zero2", "zero3"], [1], parallel=2)
+    assert len(started) == 2 and all(process.poll() is not None for process in started)

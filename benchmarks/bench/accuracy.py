@@ -127,12 +127,18 @@ def run_accuracy(
         group = pending[first : first + parallel]
         started = time.monotonic()
         running = [(s, seed, *_start(tune, s, seed, out, FIRST_PORT + 10 * i)) for i, (s, seed) in enumerate(group)]
-        for strategy, seed, process, root in running:
-            record = {"strategy": strategy, "seed": seed, **_finish(process, root, started, tune.timeout_s)}
-            record["setting"] = {k: v for k, v in vars(tune).items() if k not in ("timeout_s", "corpus_file")}
-            with (out / "accuracy.jsonl").open("a") as handle:
-                handle.write(json.dumps(record) + "\n")
-            print(json.dumps(record), flush=True)
+        try:
+            for strategy, seed, process, root in running:
+                record = {"strategy": strategy, "seed": seed, **_finish(process, root, started, tune.timeout_s)}
+                record["setting"] = {k: v for k, v in vars(tune).items() if k not in ("timeout_s", "corpus_file")}
+                with (out / "accuracy.jsonl").open("a") as handle:
+                    handle.write(json.dumps(record) + "\n")
+                print(json.dumps(record), flush=True)
+        finally:  # a run ended early (SIGTERM) ends the fine-tunes it started
+            for *_, process, _ in running:
+                if process.poll() is None:
+                    process.kill()
+                    process.wait()
     return load_records(out)
 
 
