@@ -1,14 +1,17 @@
-"""``lightning-zero build-ops`` ends, with a reason, even where torch's extension builder would wait for ever."""
+"""``lightning-zero build-ops`` ends, with a reason, and a run loads an op, even where torch's extension builder
+would wait for ever."""
 
 from __future__ import annotations
 
 import os
+import threading
 import time
 from pathlib import Path
 
 import pytest
 
-from lightning_zero.strategies.ops import build_cpu_ops, remove_stale_lock
+from lightning_zero.strategies import ops
+from lightning_zero.strategies.ops import build_cpu_ops, build_lock, remove_stale_lock, wait_for_build_lock
 
 
 def test_a_killed_builds_lock_file_ends_in_an_error_that_names_it(
@@ -36,3 +39,34 @@ def test_only_a_lock_older_than_any_build_is_removed(tmp_path: Path) -> None:
     an_hour_ago = time.time() - 3600
     os.utime(lock, (an_hour_ago, an_hour_ago))
     assert remove_stale_lock(lock, 900) and not lock.exists()
+
+
+def _locked(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, age_s: float = 0.0) -> Path:
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
+    lock = build_lock("cpu_adam")
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    lock.touch()
+    os.utime(lock, (time.time() - age_s, time.time() - age_s))
+    return lock
+
+
+def test_a_run_waits_for_a_build_that_holds_the_lock(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    lock = _locked(tmp_path, monkeypatch)
+    threading.Timer(0.5, lock.unlink).start()  # the other process's build ends
+    start = time.monotonic()
+    wait_for_build_lock("cpu_adam", poll_s=0.05)
+    assert 0.4 < time.monotonic() - start < 30
+
+
+def test_a_killed_builds_lock_is_removed_once_it_is_as_old_as_the_limit(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    lock = _locked(tmp_path, monkeypatch, age_s=3600)
+    wait_for_build_lock("cpu_adam")
+    assert not lock.exists() and f"removed {lock}" in capsys.readouterr().err
+    lock = _locked(tmp_path, monkeypatch)  # killed just now: waited for, and said so, until the limit
+    monkeypatch.setattr(ops, "LOCK_NOTICE_S", 0.0)
+    start = time.monotonic()
+    wait_for_build_lock("cpu_adam", limit_s=1.0, poll_s=0.05)
+    assert not lock.exists() and time.monotonic() - start < 30
+    assert f"waiting for {lock}: another process is building DeepSpeed's cpu_adam" in capsys.readouterr().err

@@ -16,6 +16,8 @@ import torch
 from lightning.pytorch.utilities import rank_zero_info
 from torch.optim import Optimizer
 
+from lightning_zero.strategies.ops import wait_for_op
+
 # torch-only switches that have no meaning for DeepSpeed's CPU Adam.
 _TORCH_ONLY_GROUP_KEYS = (
     "foreach",
@@ -41,6 +43,7 @@ def to_cpu_adam(optimizer: Optimizer) -> Optimizer:
     """A ``DeepSpeedCPUAdam`` over the same parameter groups and hyper-parameters as ``optimizer``."""
     from deepspeed.ops.adam import DeepSpeedCPUAdam
 
+    wait_for_op("CPUAdamBuilder")
     groups = [
         {key: value for key, value in group.items() if key not in _TORCH_ONLY_GROUP_KEYS}
         for group in optimizer.param_groups

@@ -1,8 +1,10 @@
-"""Compile DeepSpeed's CPU ops ahead of the first run (``lightning-zero build-ops``).
+"""Compile DeepSpeed's CPU ops ahead of the first run (``lightning-zero build-ops``), and load them without a hang.
 
 Each op builds in a process of its own under a time limit. torch's extension builder waits without end on a
-``lock`` file that a killed earlier build leaves behind: a lock older than the limit is removed first (no build
-of ours holds one that long), and the limit turns any other wait into an error that says which file to delete.
+``lock`` file that a killed earlier build leaves behind, even for an op that is built already: a lock older than
+the limit is removed first (no build of ours holds one that long), and the limit turns any other wait into an
+error that says which file to delete. A run that loads an op waits for such a lock itself, saying so, until
+the build holding it ends or the lock is as old as the limit (:func:`wait_for_build_lock`).
 """
 
 from __future__ import annotations
@@ -35,9 +37,7 @@ def build_op(builder: str) -> None:
     if op_builder is None or not op_builder.is_compatible(verbose=False):
         print(f"skipped {builder}: DeepSpeed cannot build it here{_NEEDS.get(builder, '')}", flush=True)
         return
-    from torch.utils.cpp_extension import _get_build_directory
-
-    lock = Path(_get_build_directory(op_builder.name, verbose=False)) / "lock"
+    lock = build_lock(op_builder.name)
     if remove_stale_lock(lock, BUILD_LIMIT_S):
         print(f"removed {lock}: a build killed over {BUILD_LIMIT_S:.0f} s ago left it", flush=True)
     start = time.monotonic()
@@ -45,12 +45,62 @@ def build_op(builder: str) -> None:
     print(f"built {builder} in {time.monotonic() - start:.0f} s", flush=True)
 
 
+def build_lock(op_name: str) -> Path:
+    """The lock file torch's extension builder holds while it builds (or loads) the op ``op_name``."""
+    from torch.utils.cpp_extension import _get_build_directory
+
+    return Path(_get_build_directory(op_name, verbose=False)) / "lock"
+
+
+#: Seconds a build lock may be held before a run loading the op says that it waits on it.
+LOCK_NOTICE_S = 60.0
+
+
+def wait_for_op(builder: str) -> None:
+    """Before DeepSpeed loads the op of ``builder`` (e.g. ``"CPUAdamBuilder"``): :func:`wait_for_build_lock`,
+    unless the op was installed prebuilt (then no build lock is taken)."""
+    with quiet_libraries():
+        from deepspeed.accelerator import get_accelerator
+        from deepspeed.git_version_info import installed_ops
+
+        op_builder = get_accelerator().create_op_builder(builder)
+    if op_builder is not None and not installed_ops.get(op_builder.name, False):
+        wait_for_build_lock(op_builder.name)
+
+
+def wait_for_build_lock(op_name: str, limit_s: float = BUILD_LIMIT_S, poll_s: float = 1.0) -> None:
+    """Return once no build holds the op ``op_name``'s lock, removing it once it is ``limit_s`` old.
+
+    torch's builder would wait on a killed build's lock for ever. A build of another process (another rank on
+    this host) holds it a minute or two; past :data:`LOCK_NOTICE_S` this says which file it waits on.
+    """
+    lock = build_lock(op_name)
+    noticed = False
+    while lock.exists():
+        if remove_stale_lock(lock, limit_s):
+            print(f"removed {lock}: a build killed over {limit_s:.0f} s ago left it", file=sys.stderr, flush=True)
+            return
+        if not noticed and _age_s(lock) >= LOCK_NOTICE_S:
+            noticed = True
+            print(
+                f"waiting for {lock}: another process is building DeepSpeed's {op_name}; a build killed midway"
+                f" leaves this file, removed here once it is {limit_s:.0f} s old (delete it now if no build runs)",
+                file=sys.stderr,
+                flush=True,
+            )
+        time.sleep(poll_s)
+
+
+def _age_s(path: Path) -> float:
+    try:
+        return time.time() - path.stat().st_mtime
+    except FileNotFoundError:
+        return 0.0
+
+
 def remove_stale_lock(lock: Path, older_than_s: float) -> bool:
     """Delete ``lock`` if it was last touched more than ``older_than_s`` ago; whether it was."""
-    try:
-        stale = time.time() - lock.stat().st_mtime > older_than_s
-    except FileNotFoundError:
-        return False
+    stale = lock.exists() and _age_s(lock) > older_than_s
     if stale:
         lock.unlink(missing_ok=True)
     return stale
