@@ -24,7 +24,7 @@ from benchmarks.bench.main import for_lightning, main, selected_pairs
 from benchmarks.bench.report import Metrics, compile_section, markdown_table, overhead_section, table_rows
 from benchmarks.bench.runner import REPRODUCE, wait_for_build
 from benchmarks.bench.search import SearchPolicy, bracket, next_candidate
-from benchmarks.bench.worker import timing_done
+from benchmarks.bench.worker import largest_live_blocks, timing_done
 
 GIB = 1024**3
 COMMON = [
@@ -282,3 +282,13 @@ def test_a_build_is_waited_for_and_ended_when_it_outlasts_its_limit() -> None:
     start = time.monotonic()
     wait_for_build(stuck, timeout_s=1)
     assert stuck.returncode is not None and time.monotonic() - start < 30
+
+
+def test_the_largest_live_blocks_of_a_memory_snapshot_leave_out_free_ones() -> None:
+    mib = 2**20
+    segments = [
+        {"blocks": [{"size": 3 * mib, "state": "active_allocated"}, {"size": 9 * mib, "state": "inactive"}]},
+        {"blocks": [{"size": 5 * mib, "state": "active_allocated"}, {"size": mib // 2, "state": "active_allocated"}]},
+    ]
+    assert largest_live_blocks(segments) == [5.0, 3.0, 0.5]
+    assert largest_live_blocks(segments, count=1) == [5.0]

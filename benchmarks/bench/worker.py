@@ -59,6 +59,26 @@ def _peak_bytes(device: torch.device) -> tuple[int, int]:
     return torch.cuda.max_memory_allocated(device), torch.cuda.max_memory_reserved(device)
 
 
+def largest_live_blocks(segments: list[dict[str, Any]], count: int = 16) -> list[float]:
+    """The ``count`` largest allocated blocks of a CUDA memory snapshot (``torch.cuda.memory_snapshot()``), in
+    MiB, largest first."""
+    sizes = [
+        block["size"] for segment in segments for block in segment["blocks"] if block["state"] == "active_allocated"
+    ]
+    return [round(size / 2**20, 1) for size in sorted(sizes, reverse=True)[:count]]
+
+
+def live_memory(device: torch.device) -> dict[str, Any]:
+    """What the process holds on a CUDA ``device`` now: allocated GiB and the largest blocks (empty elsewhere), to
+    tell what a run holds that a ``zero_auto`` trial of it did not."""
+    if device.type != "cuda":
+        return {}
+    return {
+        "allocated_gib": round(torch.cuda.memory_allocated(device) / 2**30, 2),
+        "largest_blocks_mib": largest_live_blocks(torch.cuda.memory_snapshot()),
+    }
+
+
 def _reset_memory(device: torch.device) -> None:
     if device.type == "cuda":
         gc.collect()
@@ -133,7 +153,8 @@ class Controller(L.Callback):
     def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
         if isinstance(exception, torch.OutOfMemoryError):
             allocated, reserved = self.peak_bytes()
-            self.record(event="oom", batch=self.batch, peak_allocated=allocated, peak_reserved=reserved)
+            live = live_memory(self.device)
+            self.record(event="oom", batch=self.batch, peak_allocated=allocated, peak_reserved=reserved, live=live)
             os._exit(EXIT_OOM)
         self.record(event="error", batch=self.batch, error=traceback.format_exc()[-3000:])
         os._exit(EXIT_ERROR)
@@ -232,6 +253,8 @@ class MeasureController(Controller):
 
     def on_train_batch_start(self, trainer: L.Trainer, *args: Any) -> None:
         _sync(self.device)
+        if self.done_steps == 0:
+            self.record(event="first_step", batch=self.batch, live=live_memory(self.device))
         if self.phase == "warmup" and self.done_steps == self.warmup:
             self.phase, self.timed_start = "timed", time.perf_counter()
             _reset_peak(self.device)
