@@ -8,8 +8,11 @@ import threading
 import time
 from pathlib import Path
 
+import lightning as L
 import pytest
 
+import lightning_zero  # noqa: F401  (registers the presets)
+from lightning_zero.strategies import deepspeed as zero_deepspeed
 from lightning_zero.strategies import ops
 from lightning_zero.strategies.ops import build_cpu_ops, build_lock, remove_stale_lock, wait_for_build_lock
 
@@ -70,3 +73,13 @@ def test_a_killed_builds_lock_is_removed_once_it_is_as_old_as_the_limit(
     wait_for_build_lock("cpu_adam", limit_s=1.0, poll_s=0.05)
     assert not lock.exists() and time.monotonic() - start < 30
     assert f"waiting for {lock}: another process is building DeepSpeed's cpu_adam" in capsys.readouterr().err
+
+
+def test_a_deepspeed_run_on_cpu_waits_on_the_shared_memory_ops_lock_first(monkeypatch: pytest.MonkeyPatch) -> None:
+    order: list[str] = []
+    monkeypatch.setattr(zero_deepspeed, "wait_for_op", order.append)
+    strategy = L.Trainer(strategy="zero2", accelerator="cpu", devices=1, logger=False).strategy
+    assert isinstance(strategy, zero_deepspeed.ZeroStrategy)
+    monkeypatch.setattr(strategy, "_init_deepspeed_distributed", lambda: order.append("DeepSpeed's init"))
+    strategy.setup_distributed()
+    assert order == ["ShareMemCommBuilder", "DeepSpeed's init"]

@@ -41,6 +41,7 @@ from lightning_zero.strategies.deepspeed_config import (
     to_deepspeed_config,
     zero_config_of,
 )
+from lightning_zero.strategies.ops import wait_for_op
 from lightning_zero.strategies.watchdog import WatchedRanks
 
 if TYPE_CHECKING:
@@ -109,6 +110,7 @@ class _DeepSpeedOnCpu(DeepSpeedStrategy):
             return
         reset_seed()
         self.set_world_ranks()
+        wait_for_op("ShareMemCommBuilder")  # DeepSpeed loads it on CPU at init, through torch's build lock
         self._init_deepspeed_distributed()
 
 
