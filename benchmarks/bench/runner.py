@@ -133,21 +133,17 @@ def child_environment() -> dict[str, str]:
     return env
 
 
-def start_cpu_adam_build(log: Path) -> subprocess.Popen:
-    """Build DeepSpeed's CPU Adam in a process group of its own (lightning-zero's ``build_op``, which clears a
-    lock a long-killed build left), its output in ``log``."""
-    code = "from lightning_zero.strategies.ops import build_op; build_op('CPUAdamBuilder')"
-    return subprocess.Popen(
-        [sys.executable, "-c", code],
-        cwd=REPO,
-        env=child_environment(),
-        stdout=log.open("w"),
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
+def start_cpu_adam_build(log: Path) -> subprocess.Popen[bytes]:
+    """Build DeepSpeed's CPU Adam through lightning-zero's ``build_op`` (which clears a lock a long-killed build
+    left), in a session of its own, its output in ``log``."""
+    from lightning_zero.strategies.ops import start_build
+
+    return start_build(
+        "CPUAdamBuilder", cwd=REPO, env=child_environment(), stdout=log.open("w"), stderr=subprocess.STDOUT
     )
 
 
-def wait_for_build(process: subprocess.Popen, timeout_s: float) -> None:
+def wait_for_build(process: subprocess.Popen[bytes], timeout_s: float) -> None:
     """Let a build end before the run does: one killed midway leaves torch's build lock behind, and the next
     build waits on it (a later run on the same machine stalled in its first offload trial)."""
     if process.poll() is None:

@@ -17,6 +17,7 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from lightning_zero.quiet import quiet_libraries
 
@@ -39,7 +40,7 @@ def build_op(builder: str) -> None:
         return
     lock = build_lock(op_builder.name)
     if remove_stale_lock(lock, BUILD_LIMIT_S):
-        print(f"removed {lock}: a build killed over {BUILD_LIMIT_S:.0f} s ago left it", flush=True)
+        print(_removed(lock, BUILD_LIMIT_S), flush=True)
     start = time.monotonic()
     op_builder.load(verbose=False)
     print(f"built {builder} in {time.monotonic() - start:.0f} s", flush=True)
@@ -78,7 +79,7 @@ def wait_for_build_lock(op_name: str, limit_s: float = BUILD_LIMIT_S, poll_s: fl
     noticed = False
     while lock.exists():
         if remove_stale_lock(lock, limit_s):
-            print(f"removed {lock}: a build killed over {limit_s:.0f} s ago left it", file=sys.stderr, flush=True)
+            print(_removed(lock, limit_s), file=sys.stderr, flush=True)
             return
         if not noticed and _age_s(lock) >= LOCK_NOTICE_S:
             noticed = True
@@ -89,6 +90,10 @@ def wait_for_build_lock(op_name: str, limit_s: float = BUILD_LIMIT_S, poll_s: fl
                 flush=True,
             )
         time.sleep(poll_s)
+
+
+def _removed(lock: Path, limit_s: float) -> str:
+    return f"removed {lock}: a build killed over {limit_s:.0f} s ago left it"
 
 
 def _age_s(path: Path) -> float:
@@ -112,9 +117,15 @@ def build_cpu_ops(builders: Sequence[str] = CPU_OPS, timeout_s: float = BUILD_LI
     return [failure for builder in builders if (failure := _build_in_child(builder, timeout_s))]
 
 
-def _build_in_child(builder: str, timeout_s: float) -> str | None:
+def start_build(builder: str, **popen: Any) -> subprocess.Popen[bytes]:
+    """Start :func:`build_op` of ``builder`` in a child process, in a session of its own (``popen``: more
+    ``subprocess.Popen`` arguments, e.g. where its output goes)."""
     code = f"from lightning_zero.strategies.ops import build_op; build_op({builder!r})"
-    process = subprocess.Popen([sys.executable, "-c", code], start_new_session=True)
+    return subprocess.Popen([sys.executable, "-c", code], start_new_session=True, **popen)
+
+
+def _build_in_child(builder: str, timeout_s: float) -> str | None:
+    process = start_build(builder)
     try:
         status = process.wait(timeout=timeout_s)
     except subprocess.TimeoutExpired:
