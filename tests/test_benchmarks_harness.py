@@ -78,6 +78,10 @@ def test_two_ranks_agree_on_the_smaller_max_batch_and_a_rerun_resumes(tmp_path: 
     assert (row["status"], row["max_batch"], row["oom_batch"]) == ("ok", 4, 5), row.get("error")
     assert row["measure"]["world_size"] == 2 and len(row["measure"]["steps"]) >= 3
     assert len(list((out / "trials").iterdir())) == 2, "one search process and one measurement expected"
+    events = [json.loads(line) for trial in (out / "trials").iterdir() for line in (trial / "rank1.jsonl").open()]
+    oom = next(event for event in events if event["event"] == "oom")
+    assert "emulated memory cap: batch 5" in oom["where"], "an out-of-memory record says where it ran out"
+    assert any(event["event"] == "first_step_end" for event in events), "a measurement records its first step"
     table = (out / "table.md").read_text()
     assert "| single | 4 (5 OOM) |" in table
     with (out / "results.csv").open() as handle:

@@ -10,6 +10,7 @@ from typing import Any
 
 import lightning as L
 import pytest
+import torch
 
 from lightning_zero.errors import ZeroConfigError
 from lightning_zero.memory.plan import PlanRow
@@ -26,7 +27,12 @@ from lightning_zero.memory.search import (
     smaller,
 )
 from lightning_zero.memory.states import Layout, ModelStates
-from lightning_zero.strategies.auto import AutoZeroConfig, ZeroAutoStrategy, deepspeed_config_for
+from lightning_zero.strategies.auto import (
+    AutoZeroConfig,
+    ZeroAutoStrategy,
+    deepspeed_config_for,
+    use_expandable_segments,
+)
 from tests.helpers.launch import run_script
 
 RUNNER = Path(__file__).parent / "helpers" / "fit_run.py"
@@ -134,7 +140,7 @@ def test_what_did_not_fit_is_retried_smaller() -> None:
 
 def test_a_trial_over_the_margin_is_retried_when_it_ran_faster_than_what_fitted() -> None:
     # GPT-2 XL on the GPU: ZeRO-3 + checkpointing fitted 200 at 49.6 samples/s; ZeRO-1/2 offload + checkpointing
-    # ran 197 at 109 and 105 samples/s with peaks of 23.3 GiB of 24 (the run then ran out of memory).
+    # ran 197 at 109 and 105 samples/s, their peaks over the margin.
     zero3 = measured(ZERO3_PARTIAL, 200, 49.6)
     zero2 = dataclasses.replace(measured(ZERO2_OFFLOAD_CKPT, 197, 105.3, fits=False), retry_at=177)
     slower = dataclasses.replace(measured(ZERO2_OFFLOAD, 197, 40.0, fits=False), retry_at=177)
@@ -180,6 +186,16 @@ def test_zero_auto_is_a_registered_preset() -> None:
         AutoZeroConfig(batch_size="largest")
     with pytest.raises(ZeroConfigError, match="set `compile_blocks` on a preset"):
         AutoZeroConfig(compile_blocks=True)
+
+
+def test_expandable_segments_are_switched_on_for_cuda_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    settings: list[str] = []
+    monkeypatch.setattr(torch.cuda.memory, "_set_allocator_settings", settings.append)
+    use_expandable_segments(torch.device("cpu"))
+    assert settings == []
+    use_expandable_segments(torch.device("cuda", 0))
+    assert settings == ["expandable_segments:True"]
+    assert AutoZeroConfig().expandable_segments and not AutoZeroConfig(expandable_segments=False).expandable_segments
 
 
 @pytest.fixture(scope="module")

@@ -154,7 +154,10 @@ class Controller(L.Callback):
         if isinstance(exception, torch.OutOfMemoryError):
             allocated, reserved = self.peak_bytes()
             live = live_memory(self.device)
-            self.record(event="oom", batch=self.batch, peak_allocated=allocated, peak_reserved=reserved, live=live)
+            where = "".join(traceback.format_exception(exception))[-1500:]
+            self.record(
+                event="oom", batch=self.batch, peak_allocated=allocated, peak_reserved=reserved, live=live, where=where
+            )
             os._exit(EXIT_OOM)
         self.record(event="error", batch=self.batch, error=traceback.format_exc()[-3000:])
         os._exit(EXIT_ERROR)
@@ -255,6 +258,7 @@ class MeasureController(Controller):
         _sync(self.device)
         if self.done_steps == 0:
             self.record(event="first_step", batch=self.batch, live=live_memory(self.device))
+            _reset_peak(self.device)
         if self.phase == "warmup" and self.done_steps == self.warmup:
             self.phase, self.timed_start = "timed", time.perf_counter()
             _reset_peak(self.device)
@@ -271,6 +275,10 @@ class MeasureController(Controller):
         _sync(self.device)
         end = time.perf_counter()
         self.done_steps += 1
+        if self.done_steps == 1:
+            allocated, reserved = self.peak_bytes()
+            live = live_memory(self.device)
+            self.record(event="first_step_end", peak_allocated=allocated, peak_reserved=reserved, live=live)
         before = self.skips.skipped
         skipped = self.skips.update(trainer) > before
         assert isinstance(pl_module, BenchModule)

@@ -45,8 +45,8 @@ class Candidate:
 class Measurement:
     """What a trial of a candidate gave: whether it fitted, its samples/s, its peak, and why it did not fit.
 
-    ``peak_bytes`` is the largest device memory the process reserved during the trial, on the rank that reserved
-    the most (what the earlier trials left reserved included; 0 where not measured);
+    ``peak_bytes`` is the largest device memory the process allocated during the trial, on the rank that allocated
+    the most (what the earlier trials left allocated included; 0 where not measured);
     ``samples_per_sec`` is set when the steps ran, even if the trial then did not count as fitting;
     ``retry_at`` is the micro-batch to try again at when it did not fit (0: half of it).
     """
