@@ -147,17 +147,19 @@ class Controller(L.Callback):
     def record(self, **fields: Any) -> None:
         self.writer.write({"fit": self.fit_index, **fields})
 
+    def record_memory(self, event: str, **fields: Any) -> None:
+        """Record ``event`` with the peak memory since the last reset and what the process holds now."""
+        allocated, reserved = self.peak_bytes()
+        live = live_memory(self.device)
+        self.record(event=event, peak_allocated=allocated, peak_reserved=reserved, live=live, **fields)
+
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         self.device = trainer.strategy.root_device
 
     def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
         if isinstance(exception, torch.OutOfMemoryError):
-            allocated, reserved = self.peak_bytes()
-            live = live_memory(self.device)
             where = "".join(traceback.format_exception(exception))[-1500:]
-            self.record(
-                event="oom", batch=self.batch, peak_allocated=allocated, peak_reserved=reserved, live=live, where=where
-            )
+            self.record_memory("oom", batch=self.batch, where=where)
             os._exit(EXIT_OOM)
         self.record(event="error", batch=self.batch, error=traceback.format_exc()[-3000:])
         os._exit(EXIT_ERROR)
@@ -276,9 +278,7 @@ class MeasureController(Controller):
         end = time.perf_counter()
         self.done_steps += 1
         if self.done_steps == 1:
-            allocated, reserved = self.peak_bytes()
-            live = live_memory(self.device)
-            self.record(event="first_step_end", peak_allocated=allocated, peak_reserved=reserved, live=live)
+            self.record_memory("first_step_end")
         before = self.skips.skipped
         skipped = self.skips.update(trainer) > before
         assert isinstance(pl_module, BenchModule)

@@ -105,7 +105,7 @@ def _age_s(path: Path) -> float:
 
 def remove_stale_lock(lock: Path, older_than_s: float) -> bool:
     """Delete ``lock`` if it was last touched more than ``older_than_s`` ago; whether it was."""
-    stale = lock.exists() and _age_s(lock) > older_than_s
+    stale = _age_s(lock) > older_than_s  # a missing lock is 0 s old
     if stale:
         lock.unlink(missing_ok=True)
     return stale
