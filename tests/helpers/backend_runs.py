@@ -43,7 +43,7 @@ import lightning_zero  # noqa: F401  (registers the presets)
 from lightning_zero.memory.footprint import rank_footprint
 from lightning_zero.strategies.presets import build_preset, preset_names
 from tests.helpers.tiny import TinyLM, token_data
-from tests.helpers.trainer import quiet_trainer
+from tests.helpers.trainer import end_process_group, quiet_trainer
 
 REPO = Path(__file__).resolve().parents[2]
 SWITCH_CONFIG = REPO / "configs" / "backend_switch.yaml"
@@ -281,10 +281,7 @@ def main() -> None:
         result = execute(run, args)
         if result is not None:
             torch.save(result, args.out / f"{result_name(run)}.pt")
-    # Once, with every result written, both ranks aborted at interpreter exit ("terminate called without an active
-    # exception", exit -6) with the process group still up; shut it down before Python does.
-    if torch.distributed.is_initialized():
-        torch.distributed.destroy_process_group()
+    end_process_group()
 
 
 if __name__ == "__main__":

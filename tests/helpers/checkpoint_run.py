@@ -43,7 +43,7 @@ from lightning_zero.checkpoint import atomic
 from lightning_zero.checkpoint.resume import ExactResume
 from tests.helpers.backend_runs import ShortEpochLM
 from tests.helpers.tiny import TinyLM, tiny_gpt2_config, token_data
-from tests.helpers.trainer import quiet_trainer
+from tests.helpers.trainer import end_process_group, quiet_trainer
 
 SAMPLES = 48  # 6 steps an epoch at 2 processes x 4 samples
 DROPOUT = {"resid_pdrop": 0.1, "embd_pdrop": 0.1, "attn_pdrop": 0.1}
@@ -213,6 +213,7 @@ def main() -> None:
         result = KINDS[kind](spec, args)
         if result is not None:
             torch.save(result, args.out / f"{kind}-{spec.replace('>', '-to-')}.pt")
+    end_process_group()
 
 
 if __name__ == "__main__":

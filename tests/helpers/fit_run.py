@@ -27,7 +27,7 @@ import lightning_zero  # noqa: F401  (registers the presets)
 from lightning_zero.callbacks.batch_size import ZeroBatchSizeFinder
 from lightning_zero.errors import ZeroConfigError
 from lightning_zero.strategies import build_preset
-from tests.helpers.trainer import quiet_trainer
+from tests.helpers.trainer import end_process_group, quiet_trainer
 
 MIB_PER_SAMPLE = 1
 BUDGET_MIB = {0: 10, 1: 6}  # rank 1 has the smaller emulated budget: both must stop at 6
@@ -183,6 +183,7 @@ def main() -> None:
         result = scenario(name, args.out)
         rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
         (args.out / f"{name}-rank{rank}.json").write_text(json.dumps(result))
+    end_process_group()
 
 
 if __name__ == "__main__":

@@ -29,7 +29,7 @@ import torch
 from lightning.pytorch.callbacks import Callback
 
 import lightning_zero  # noqa: F401  (registers the presets)
-from tests.helpers.trainer import quiet_trainer
+from tests.helpers.trainer import end_process_group, quiet_trainer
 
 STEPS = 5
 SEED = 42
@@ -147,6 +147,7 @@ def main() -> None:
         result = run_case(case, args.tokenizer_cache_dir)
         if result is not None:
             (out / f"{case}.json").write_text(json.dumps(result, indent=1) + "\n")
+    end_process_group()
 
 
 if __name__ == "__main__":

@@ -18,7 +18,7 @@ import torch
 
 import lightning_zero  # noqa: F401  (registers the presets)
 from tests.helpers.tiny import TinyLM
-from tests.helpers.trainer import quiet_trainer
+from tests.helpers.trainer import end_process_group, quiet_trainer
 
 STEPS = 4
 
@@ -50,6 +50,7 @@ def main() -> None:
     results = {strategy: train(strategy, args.nodes, args.devices) for strategy in args.strategies}
     if torch.distributed.get_rank() == 0:
         torch.save(results, args.out / f"losses-{args.nodes}x{args.devices}.pt")
+    end_process_group()
 
 
 if __name__ == "__main__":

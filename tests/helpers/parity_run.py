@@ -27,7 +27,7 @@ import lightning_zero  # noqa: F401  (registers the presets)
 from lightning_zero.memory.footprint import rank_footprint
 from lightning_zero.strategies import ZeroStrategy, build_preset
 from tests.helpers.tiny import TinyLM
-from tests.helpers.trainer import quiet_trainer
+from tests.helpers.trainer import end_process_group, quiet_trainer
 
 
 def make_strategy(spec: str) -> Any:
@@ -107,6 +107,7 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     for spec in args.strategies:
         train(spec, args.steps, args.precision, args.out, args.accelerator)
+    end_process_group()
 
 
 if __name__ == "__main__":
