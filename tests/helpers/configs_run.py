@@ -16,6 +16,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from lightning_zero.cli import main as cli_main
+from tests.helpers.trainer import end_process_group
 
 
 def main() -> None:
@@ -28,6 +29,7 @@ def main() -> None:
         status = cli_main(["fit", f"--config={config}", f"--trainer.default_root_dir={root}/{stem}", *overrides])
         if status:
             sys.exit(status)
+    end_process_group()
 
 
 if __name__ == "__main__":

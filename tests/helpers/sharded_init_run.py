@@ -23,7 +23,7 @@ from transformers import AutoModelForSequenceClassification, BertConfig
 
 import lightning_zero  # noqa: F401  (registers the presets)
 from tests.helpers.tiny import token_data
-from tests.helpers.trainer import quiet_trainer
+from tests.helpers.trainer import end_process_group, quiet_trainer
 
 WEIGHT = "model.bert.encoder.layer.0.attention.self.query.weight"
 
@@ -67,6 +67,7 @@ def main() -> None:
         result = {"partitioned": module.partitioned_at_construction, "std": float(state[WEIGHT].float().std())}
         out.write_text(json.dumps(result))
     trainer.strategy.barrier()  # no rank exits while another still uses the process group
+    end_process_group()
 
 
 if __name__ == "__main__":

@@ -33,7 +33,7 @@ from lightning_zero.strategies.deepspeed_config import (
     to_deepspeed_config,
 )
 from tests.helpers.tiny import TinyLM
-from tests.helpers.trainer import quiet_trainer
+from tests.helpers.trainer import end_process_group, quiet_trainer
 
 PROFILED = range(3, 7)
 
@@ -112,6 +112,7 @@ def main() -> None:
         for ours in (True, False)
     }
     args.out.write_text(json.dumps(counts))
+    end_process_group()
 
 
 if __name__ == "__main__":
