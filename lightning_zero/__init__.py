@@ -5,16 +5,8 @@ strategy registry, so ``Trainer(strategy="zero3_offload")`` works.
 """
 
 from lightning_zero.errors import LightningZeroError, ZeroConfigError, ZeroDataError
-from lightning_zero.strategies import (
-    PRESETS,
-    DeepSpeedZeroConfig,
-    DeepSpeedZeroStrategy,
-    ZeroConfig,
-    ZeroStrategy,
-    build_preset,
-    preset_names,
-    register_presets,
-)
+from lightning_zero.presets import PRESETS, build_preset, preset_names, register_presets
+from lightning_zero.strategies import DeepSpeedZeroConfig, DeepSpeedZeroStrategy, ZeroConfig, ZeroStrategy
 
 register_presets()
 

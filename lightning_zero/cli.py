@@ -33,8 +33,8 @@ from lightning_zero.checkpoint.resume import ExactResume
 from lightning_zero.checkpoint.validate import check_checkpoint
 from lightning_zero.errors import LightningZeroError, ZeroConfigError
 from lightning_zero.parse_errors import as_config_error, explain, parse_error_line
+from lightning_zero.presets import PRESETS, check_strategy_name
 from lightning_zero.quiet import quiet_libraries
-from lightning_zero.strategies.presets import PRESETS, check_strategy_name
 
 #: Arguments the task and its data module must agree on: the data module's value is the task's.
 #: Not ``num_labels``: an instantiate link overrides a given ``model.init_args.num_labels`` silently, and files
@@ -153,7 +153,7 @@ def strategies_command(argv: Sequence[str]) -> int:
 
 def build_ops_command(argv: Sequence[str]) -> int:
     """``lightning-zero build-ops``: compile DeepSpeed's CPU ops now, not in the first run."""
-    from lightning_zero.strategies.ops import build_cpu_ops
+    from lightning_zero.runtime.ops import build_cpu_ops
 
     failures = build_cpu_ops()
     for failure in failures:

@@ -21,13 +21,15 @@ from typing import Any
 import torch
 import yaml
 from lightning.pytorch import LightningModule
+from lightning.pytorch.utilities import move_data_to_device
 
 from lightning_zero.cli import ZeroCLI
 from lightning_zero.errors import ZeroConfigError
 from lightning_zero.memory.budget import GIB
 from lightning_zero.memory.plan import PlanRow, format_plan, make_plan
-from lightning_zero.memory.probe import ActivationProbe, probe_activations, to_device, training_loss
+from lightning_zero.memory.probe import ActivationProbe, probe_activations
 from lightning_zero.memory.states import ParameterShapes
+from lightning_zero.runtime.batches import training_loss
 
 
 @dataclass(frozen=True)
@@ -81,7 +83,7 @@ def plan_for_config(
     module.to(device)
     batch = _first_batch(module, cli.datamodule)
     micro_batch = len(next(iter(batch.values())) if isinstance(batch, dict) else batch[0])
-    probe = probe_activations(module, training_loss(module), to_device(batch, device), precision, device)
+    probe = probe_activations(module, training_loss(module), move_data_to_device(batch, device), precision, device)
     budget = _budget_from(trainer, budget_gib, device)
     devices = devices or _count(trainer.get("devices", 1))
     nodes = nodes or int(trainer.get("num_nodes", 1))

@@ -10,7 +10,7 @@ from torch import nn
 from transformers import GPT2LMHeadModel
 from transformers.models.gpt2.modeling_gpt2 import GPT2Block
 
-from lightning_zero.strategies.blocks import (
+from lightning_zero.models.blocks import (
     enable_activation_checkpointing,
     transformer_block_classes,
     transformer_blocks,

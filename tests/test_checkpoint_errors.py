@@ -125,6 +125,13 @@ def test_cut_short_shard(tmp_path: Path) -> None:
         check_checkpoint(directory)
 
 
+@pytest.mark.parametrize("inside", ["checkpoint", "checkpoint/shard_0.pt"])
+def test_a_path_inside_a_sharded_checkpoint_names_its_directory(tmp_path: Path, inside: str) -> None:
+    directory = sharded(tmp_path, ModelSignature("TinyLM", 1, "0"))
+    with pytest.raises(ZeroConfigError, match=re.escape(f"load using this parent directory instead: {directory}")):
+        check_checkpoint(directory / inside)
+
+
 def test_sharded_checkpoint_of_another_model(tmp_path: Path) -> None:
     directory = sharded(tmp_path, ModelSignature("BigLM", 10**9, "feedbeef"))
     with pytest.raises(

@@ -22,7 +22,6 @@ from lightning_zero.data.batching import (
     build_dataloader,
 )
 from lightning_zero.data.movie_reviews import MovieReviewsDataModule, read_movie_reviews
-from lightning_zero.data.packages import package_dir, package_file
 from lightning_zero.data.text_files import (
     TextClassificationFilesDataModule,
     encode_labels,
@@ -31,6 +30,7 @@ from lightning_zero.data.text_files import (
 )
 from lightning_zero.errors import ZeroConfigError, ZeroDataError
 from lightning_zero.models.loading import load_tokenizer
+from lightning_zero.packages import package_dir, package_file
 from tests.helpers.runif import RunIf
 
 TOKENIZER = "sentence-transformers/all-MiniLM-L6-v2"
@@ -294,7 +294,7 @@ def test_glue_module_reads_local_pairs_through_datasets(tmp_path: Path) -> None:
 
 
 def test_glue_defaults_to_the_task_columns_and_names_a_missing_datasets(monkeypatch: pytest.MonkeyPatch) -> None:
-    from lightning_zero.data import packages
+    from lightning_zero import packages
     from lightning_zero.data.glue import GlueDataModule
 
     module = GlueDataModule()

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from lightning_zero.errors import ZeroConfigError
+from lightning_zero.presets import PRESETS, Preset
 from lightning_zero.strategies.deepspeed_config import (
     DeepSpeedZeroConfig,
     TrainerValues,
@@ -20,7 +21,6 @@ from lightning_zero.strategies.deepspeed_config import (
     zero_config_of,
     zero_stage,
 )
-from lightning_zero.strategies.presets import PRESETS, Preset
 
 VALUES = TrainerValues(micro_batch_size=8, accumulate_grad_batches=2, gradient_clip_val=None, precision="32-true")
 

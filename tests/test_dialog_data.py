@@ -172,7 +172,7 @@ def test_hf_dialog_module_splits_by_row_without_validation_file(tmp_path: Path, 
 
 
 def test_missing_datasets_names_the_install(monkeypatch: pytest.MonkeyPatch) -> None:
-    from lightning_zero.data import packages
+    from lightning_zero import packages
 
     monkeypatch.setattr(packages, "DATASETS", False)
     with pytest.raises(ZeroConfigError, match="pip install datasets"):

@@ -30,6 +30,7 @@ import pytest
 import torch
 
 from lightning_zero.errors import ZeroConfigError
+from lightning_zero.presets import build_preset
 from lightning_zero.strategies.fairscale import FAIRSCALE_MISSING, FairScaleStrategy, to_oss
 from lightning_zero.strategies.fairscale_config import (
     DEFAULT_REDUCE_BUFFER_SIZE,
@@ -37,7 +38,6 @@ from lightning_zero.strategies.fairscale_config import (
     optimizer_constructor_defaults,
     sharded_ddp_options,
 )
-from lightning_zero.strategies.presets import build_preset
 from tests.helpers.backend_runs import result_name
 from tests.helpers.launch import run_script
 from tests.helpers.parity import assert_same_training, load_result, max_weight_difference

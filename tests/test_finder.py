@@ -10,8 +10,9 @@ from typing import Any
 import pytest
 import torch
 
-from lightning_zero.callbacks.batch_size import ZeroBatchSizeFinder, is_out_of_memory, split_global_batch
+from lightning_zero.callbacks.batch_size import ZeroBatchSizeFinder, split_global_batch
 from lightning_zero.errors import ZeroConfigError
+from lightning_zero.runtime.batches import is_out_of_memory
 from tests.helpers.launch import run_script
 
 RUNNER = Path(__file__).parent / "helpers" / "fit_run.py"

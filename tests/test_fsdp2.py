@@ -30,9 +30,9 @@ import torch
 from torch import nn
 
 from lightning_zero.errors import ZeroConfigError
+from lightning_zero.presets import build_preset
 from lightning_zero.strategies.fsdp2 import FSDP2Strategy, shard_module
 from lightning_zero.strategies.fsdp2_config import FSDP2ZeroConfig, fully_shard_options, mixed_precision_dtypes
-from lightning_zero.strategies.presets import build_preset
 from tests.helpers.backend_runs import result_name
 from tests.helpers.launch import run_script
 from tests.helpers.parity import assert_same_training, load_result, max_weight_difference

@@ -12,9 +12,9 @@ import lightning as L
 import pytest
 
 import lightning_zero  # noqa: F401  (registers the presets)
+from lightning_zero.runtime import ops
+from lightning_zero.runtime.ops import build_cpu_ops, build_lock, remove_stale_lock, wait_for_build_lock
 from lightning_zero.strategies import deepspeed as zero_deepspeed
-from lightning_zero.strategies import ops
-from lightning_zero.strategies.ops import build_cpu_ops, build_lock, remove_stale_lock, wait_for_build_lock
 
 
 def test_a_killed_builds_lock_file_ends_in_an_error_that_names_it(

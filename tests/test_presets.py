@@ -10,7 +10,7 @@ from lightning.pytorch.strategies import StrategyRegistry
 
 from lightning_zero import ZeroStrategy, build_preset, preset_names
 from lightning_zero.errors import ZeroConfigError
-from lightning_zero.strategies.presets import PRESETS, Preset, check_strategy_name
+from lightning_zero.presets import PRESETS, Preset, check_strategy_name
 
 DEEPSPEED = [p for p in PRESETS if p.backend == "deepspeed"]
 

@@ -11,7 +11,8 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader
 
-from lightning_zero.callbacks.throughput import ZeroThroughputMonitor, samples_in, tokens_in
+from lightning_zero.callbacks.throughput import ZeroThroughputMonitor
+from lightning_zero.runtime.batches import samples_in, tokens_in
 from tests.helpers.trainer import quiet_trainer
 
 BATCH, LENGTH, VOCAB, WIDTH = 4, 16, 50, 32

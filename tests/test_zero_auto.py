@@ -12,9 +12,7 @@ import lightning as L
 import pytest
 import torch
 
-from lightning_zero.errors import ZeroConfigError
-from lightning_zero.memory.plan import PlanRow
-from lightning_zero.memory.search import (
+from lightning_zero.auto.search import (
     Candidate,
     Measurement,
     candidate_from_dict,
@@ -26,13 +24,15 @@ from lightning_zero.memory.search import (
     retries,
     smaller,
 )
-from lightning_zero.memory.states import Layout, ModelStates
-from lightning_zero.strategies.auto import (
+from lightning_zero.auto.strategy import (
     AutoZeroConfig,
     ZeroAutoStrategy,
     deepspeed_config_for,
     use_expandable_segments,
 )
+from lightning_zero.errors import ZeroConfigError
+from lightning_zero.memory.plan import PlanRow
+from lightning_zero.memory.states import Layout, ModelStates
 from tests.helpers.launch import run_script
 
 RUNNER = Path(__file__).parent / "helpers" / "fit_run.py"

@@ -206,13 +206,13 @@ def _overhead(
     """The same-config ``pairs`` not yet in ``done``, interleaved A B B A A B ... in one process per pair, uncapped
     (speed only)."""
     from benchmarks.bench.runner import measure_fit, run_trial
+    from lightning_zero.presets import get_preset
     from lightning_zero.strategies.deepspeed_config import (
         DeepSpeedZeroConfig,
         TrainerValues,
         resolve_auto,
         to_deepspeed_config,
     )
-    from lightning_zero.strategies.presets import get_preset
 
     name, lengths, batch, repeats = args.overhead.split(":")
     overhead_settings = dataclasses.replace(
@@ -290,7 +290,7 @@ def measure_peak() -> None:
 
 def run(args: argparse.Namespace) -> None:
     from benchmarks.bench.runner import start_cpu_adam_build, wait_for_build
-    from lightning_zero.strategies.ops import BUILD_LIMIT_S
+    from lightning_zero.runtime.ops import BUILD_LIMIT_S
 
     settings = _settings(args)
     pairs = selected_pairs(args.overhead_pairs) if args.overhead else []

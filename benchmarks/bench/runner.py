@@ -136,7 +136,7 @@ def child_environment() -> dict[str, str]:
 def start_cpu_adam_build(log: Path) -> subprocess.Popen[bytes]:
     """Build DeepSpeed's CPU Adam through lightning-zero's ``build_op`` (which clears a lock a long-killed build
     left), in a session of its own, its output in ``log``."""
-    from lightning_zero.strategies.ops import start_build
+    from lightning_zero.runtime.ops import start_build
 
     return start_build(
         "CPUAdamBuilder", cwd=REPO, env=child_environment(), stdout=log.open("w"), stderr=subprocess.STDOUT

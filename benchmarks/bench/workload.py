@@ -220,7 +220,7 @@ def _registered_variant(spec: StrategySpec) -> str:
 
     from lightning.pytorch.strategies import StrategyRegistry
 
-    from lightning_zero.strategies.presets import build_preset
+    from lightning_zero.presets import build_preset
 
     name = f"bench-{spec.label}"
     factory = partial(build_preset, spec.strategy, **dict(spec.zero))

@@ -28,17 +28,9 @@ from lightning.pytorch.utilities.parsing import lightning_getattr, lightning_has
 
 from lightning_zero.errors import ZeroConfigError
 from lightning_zero.memory.budget import GIB, cap_device_memory
-from lightning_zero.memory.probe import logging_silenced, take_samples
+from lightning_zero.runtime.batches import is_out_of_memory, logging_silenced, take_samples
 
 FitsCheck = Callable[[Trainer, LightningModule, int], bool]
-
-
-def is_out_of_memory(error: BaseException) -> bool:
-    """Whether ``error`` is an allocator running out of memory (CUDA, or the CPU allocator)."""
-    if isinstance(error, torch.OutOfMemoryError):
-        return True
-    text = str(error).lower()
-    return isinstance(error, RuntimeError) and ("out of memory" in text or "can't allocate memory" in text)
 
 
 def within_budget(trainer: Trainer, module: LightningModule, micro_batch: int) -> bool:

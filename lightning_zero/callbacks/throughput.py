@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -31,38 +31,11 @@ from lightning.pytorch.callbacks import ThroughputMonitor
 from torch.optim import Optimizer
 
 from lightning_zero.memory.budget import GIB
-from lightning_zero.memory.probe import training_loss
+from lightning_zero.runtime.batches import samples_in, tokens_in, training_loss
 
 #: Backward costs about twice the forward; recomputing activations adds one more forward.
 BACKWARD_FACTOR = 3
 CHECKPOINTED_FACTOR = 4
-
-
-def first_tensor(batch: Any) -> torch.Tensor | None:
-    """The first tensor in a batch (a tensor, or a mapping/sequence holding tensors)."""
-    if isinstance(batch, torch.Tensor):
-        return batch
-    values = batch.values() if isinstance(batch, Mapping) else batch if isinstance(batch, (list, tuple)) else ()
-    for value in values:
-        found = first_tensor(value)
-        if found is not None:
-            return found
-    return None
-
-
-def samples_in(batch: Any) -> int:
-    """Samples in a batch: the first dimension of its first tensor."""
-    tensor = first_tensor(batch)
-    return int(tensor.shape[0]) if tensor is not None and tensor.dim() else 1
-
-
-def tokens_in(batch: Any) -> int:
-    """Tokens in a batch: ``input_ids`` elements when it has them, else the first tensor's first two dimensions."""
-    ids = batch.get("input_ids") if isinstance(batch, Mapping) else None
-    tensor = ids if isinstance(ids, torch.Tensor) else first_tensor(batch)
-    if tensor is None or tensor.dim() == 0:
-        return 1
-    return int(tensor.shape[0] * (tensor.shape[1] if tensor.dim() > 1 else 1))
 
 
 def forward_flops(module: LightningModule, batch: Any) -> int:

@@ -17,7 +17,14 @@ import torch
 from torch import nn
 
 from lightning_zero.checkpoint.atomic import PARTIAL_SUFFIX, PREVIOUS_SUFFIX
-from lightning_zero.checkpoint.manifest import CHECKPOINT_KEY, Manifest, full_shape, model_signature, read_manifest
+from lightning_zero.checkpoint.manifest import (
+    CHECKPOINT_KEY,
+    MANIFEST_NAME,
+    Manifest,
+    full_shape,
+    model_signature,
+    read_manifest,
+)
 from lightning_zero.errors import ZeroConfigError
 
 #: ``ckpt_path`` values that Lightning resolves itself.
@@ -34,10 +41,24 @@ def check_checkpoint(path: Any, module: nn.Module | None = None) -> None:
     path = Path(path)
     if not path.exists():
         raise ZeroConfigError(f"Checkpoint '{path}' does not exist{_why_missing(path)}: {_PASS}.")
+    if not _is_checkpoint_directory(path) and (enclosing := _enclosing_checkpoint(path)) is not None:
+        raise ZeroConfigError(
+            f"'{path}' is inside the checkpoint '{enclosing}'. Try to load using this parent directory instead:"
+            f" {enclosing}"
+        )
     if path.is_dir():
         _check_directory(path, module)
     else:
         _check_file(path, module)
+
+
+def _is_checkpoint_directory(path: Path) -> bool:
+    return any((path / name).is_file() for name in (MANIFEST_NAME, DEEPSPEED_TAG_FILE, DCP_METADATA))
+
+
+def _enclosing_checkpoint(path: Path) -> Path | None:
+    """The sharded checkpoint directory ``path`` lies in (its ``checkpoint/`` sub-folder or a shard file in it)."""
+    return next((parent for parent in (path.parent, path.parent.parent) if _is_checkpoint_directory(parent)), None)
 
 
 def _why_missing(path: Path) -> str:
@@ -54,7 +75,7 @@ def _check_directory(path: Path, module: nn.Module | None) -> None:
     except ValueError as error:
         raise ZeroConfigError(f"Checkpoint '{path}': {error}: {_PASS}.") from None
     if manifest is None:
-        if not (path / DEEPSPEED_TAG_FILE).is_file() and not (path / DCP_METADATA).is_file():
+        if not _is_checkpoint_directory(path):
             raise ZeroConfigError(
                 f"'{path}' is a directory but not a checkpoint (no manifest.json, DeepSpeed 'latest' or"
                 f" torch.distributed.checkpoint '.metadata' in it): {_PASS}."

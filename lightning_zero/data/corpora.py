@@ -18,8 +18,8 @@ from pathlib import Path
 
 import yaml
 
-from lightning_zero.data.packages import package_file
 from lightning_zero.errors import ZeroConfigError, ZeroDataError
+from lightning_zero.packages import package_file
 
 Conversation = list[str]
 #: Corpora whose plain text :func:`corpus_texts` yields (for BPE training and language modelling).

@@ -22,10 +22,10 @@ from transformers import PreTrainedTokenizerBase
 
 from lightning_zero.data.base import TokenizerDataModule
 from lightning_zero.data.corpora import Conversation, load_chatterbot, load_chitchat
-from lightning_zero.data.packages import load_hf_dataset
 from lightning_zero.data.splits import seeded_split
 from lightning_zero.data.tokenizers import SPEAKER_TOKENS
 from lightning_zero.errors import ZeroConfigError, ZeroDataError
+from lightning_zero.packages import load_hf_dataset
 
 IGNORE_INDEX = -100
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 from typing import Any
 
 from lightning_zero.data.batching import TextExamples
-from lightning_zero.data.packages import load_hf_dataset
 from lightning_zero.data.text_files import (
     TRAIN,
     VALIDATION,
@@ -18,6 +17,7 @@ from lightning_zero.data.text_files import (
     encode_labels,
 )
 from lightning_zero.errors import ZeroDataError
+from lightning_zero.packages import load_hf_dataset
 
 #: Text columns (first, second) of each GLUE classification task.
 GLUE_COLUMNS: dict[str, tuple[str, str | None]] = {

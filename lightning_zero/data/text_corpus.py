@@ -18,10 +18,10 @@ from transformers import PreTrainedTokenizerBase
 
 from lightning_zero.data.base import TokenizerDataModule
 from lightning_zero.data.corpora import TEXT_CORPORA, corpus_texts
-from lightning_zero.data.packages import load_hf_dataset
 from lightning_zero.data.splits import seeded_split
 from lightning_zero.data.tokenizers import special_ids
 from lightning_zero.errors import ZeroConfigError, ZeroDataError
+from lightning_zero.packages import load_hf_dataset
 
 _TOKENIZE_CHUNK = 1024
 

@@ -17,20 +17,16 @@ per-sample figure is the larger of the two slopes, and the fixed part is what th
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
-from unittest.mock import patch
 
 import torch
-from lightning.pytorch import LightningModule
 from torch import nn
 
-from lightning_zero.errors import ZeroConfigError
+from lightning_zero.models.blocks import enable_activation_checkpointing, transformer_blocks
 from lightning_zero.precision import mixed_dtype
-from lightning_zero.strategies.blocks import enable_activation_checkpointing, transformer_blocks
-
-LossFn = Callable[[Any], torch.Tensor]
+from lightning_zero.runtime.batches import LossFn, take_samples
 
 #: On CUDA the smaller peak measurement takes as many samples as save about this many bytes ...
 PEAK_PROBE_BYTES = 2**30
@@ -53,54 +49,6 @@ class ActivationProbe:
         if checkpointed:
             return self.fixed_checkpointed + self.per_sample_checkpointed * batch
         return self.fixed + self.per_sample * batch
-
-
-def take_samples(batch: Any, count: int) -> Any:
-    """The first ``count`` samples of a batch (tensors, or dicts/lists/tuples of them), repeated if it is shorter."""
-    if isinstance(batch, torch.Tensor):
-        repeats = -(-count // batch.shape[0])
-        return batch.repeat(repeats, *([1] * (batch.dim() - 1)))[:count].clone() if batch.dim() else batch
-    if isinstance(batch, dict):
-        return {key: take_samples(value, count) for key, value in batch.items()}
-    if isinstance(batch, (list, tuple)):
-        return type(batch)(take_samples(value, count) for value in batch)
-    return batch
-
-
-def _ignore_log(*args: Any, **kwargs: Any) -> None:
-    """Stands in for ``LightningModule.log`` outside the fit loop: there is nothing to log into."""
-
-
-@contextlib.contextmanager
-def logging_silenced(module: nn.Module) -> Iterator[None]:
-    """Make ``module.log(...)`` a no-op inside the block (to run ``training_step`` outside the fit loop)."""
-    with patch.object(module, "log", _ignore_log):
-        yield
-
-
-def training_loss(module: LightningModule) -> LossFn:
-    """A function of a batch returning ``module.training_step``'s loss, run outside the fit loop."""
-
-    def loss(batch: Any) -> torch.Tensor:
-        with logging_silenced(module):
-            out = module.training_step(batch, 0)
-        value = out["loss"] if isinstance(out, Mapping) else out
-        if not isinstance(value, torch.Tensor):
-            raise ZeroConfigError(f"{type(module).__name__}.training_step must return the loss.")
-        return value
-
-    return loss
-
-
-def to_device(batch: Any, device: torch.device) -> Any:
-    """``batch`` (tensors, or dicts/lists/tuples of them) on ``device``."""
-    if isinstance(batch, torch.Tensor):
-        return batch.to(device)
-    if isinstance(batch, dict):
-        return {key: to_device(value, device) for key, value in batch.items()}
-    if isinstance(batch, (list, tuple)):
-        return type(batch)(to_device(value, device) for value in batch)
-    return batch
 
 
 @dataclass

@@ -10,8 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from lightning_zero.data.packages import package_dir
 from lightning_zero.errors import ZeroConfigError
+from lightning_zero.packages import package_dir
 
 
 @dataclass(frozen=True)

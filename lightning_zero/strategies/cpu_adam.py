@@ -16,7 +16,7 @@ import torch
 from lightning.pytorch.utilities import rank_zero_info
 from torch.optim import Optimizer
 
-from lightning_zero.strategies.ops import wait_for_op
+from lightning_zero.runtime.ops import wait_for_op
 
 # torch-only switches that have no meaning for DeepSpeed's CPU Adam.
 _TORCH_ONLY_GROUP_KEYS = (

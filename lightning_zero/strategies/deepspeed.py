@@ -28,8 +28,10 @@ from torchmetrics import Metric
 from lightning_zero.checkpoint.strategy import SafeCheckpoints
 from lightning_zero.errors import ZeroConfigError
 from lightning_zero.memory.budget import apply_memory_budget
+from lightning_zero.models.blocks import prepare_blocks
+from lightning_zero.runtime.ops import wait_for_op
+from lightning_zero.runtime.watchdog import WatchedRanks
 from lightning_zero.strategies import cpu_adam
-from lightning_zero.strategies.blocks import prepare_blocks
 from lightning_zero.strategies.deepspeed_config import (
     DeepSpeedZeroConfig,
     TrainerValues,
@@ -41,8 +43,6 @@ from lightning_zero.strategies.deepspeed_config import (
     to_deepspeed_config,
     zero_config_of,
 )
-from lightning_zero.strategies.ops import wait_for_op
-from lightning_zero.strategies.watchdog import WatchedRanks
 
 if TYPE_CHECKING:
     import deepspeed

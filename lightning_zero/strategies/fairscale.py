@@ -33,7 +33,8 @@ from torch.optim import Optimizer
 from lightning_zero.checkpoint.strategy import SafeCheckpoints
 from lightning_zero.errors import ZeroConfigError
 from lightning_zero.memory.budget import apply_memory_budget
-from lightning_zero.strategies.blocks import prepare_blocks
+from lightning_zero.models.blocks import prepare_blocks
+from lightning_zero.runtime.watchdog import WatchedRanks
 from lightning_zero.strategies.cpu_adam import rebind_scheduler
 from lightning_zero.strategies.fairscale_config import (
     FairScaleZeroConfig,
@@ -42,7 +43,6 @@ from lightning_zero.strategies.fairscale_config import (
     oss_options,
     sharded_ddp_options,
 )
-from lightning_zero.strategies.watchdog import WatchedRanks
 
 if TYPE_CHECKING:
     import lightning.pytorch as pl

@@ -30,10 +30,10 @@ from torch import nn
 from lightning_zero.checkpoint.strategy import SafeCheckpoints
 from lightning_zero.errors import ZeroConfigError
 from lightning_zero.memory.budget import apply_memory_budget
+from lightning_zero.models.blocks import prepare_blocks, transformer_blocks
+from lightning_zero.runtime.watchdog import WatchedRanks
 from lightning_zero.strategies import cpu_adam
-from lightning_zero.strategies.blocks import prepare_blocks, transformer_blocks
 from lightning_zero.strategies.fsdp2_config import FSDP2ZeroConfig, fully_shard_options
-from lightning_zero.strategies.watchdog import WatchedRanks
 
 if TYPE_CHECKING:
     import lightning.pytorch as pl

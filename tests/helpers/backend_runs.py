@@ -41,7 +41,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 import lightning_zero  # noqa: F401  (registers the presets)
 from lightning_zero.memory.footprint import rank_footprint
-from lightning_zero.strategies.presets import build_preset, preset_names
+from lightning_zero.presets import build_preset, preset_names
 from tests.helpers.tiny import TinyLM, token_data
 from tests.helpers.trainer import end_process_group, quiet_trainer
 

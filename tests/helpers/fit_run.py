@@ -24,9 +24,9 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 import lightning_zero  # noqa: F401  (registers the presets)
+from lightning_zero import build_preset
 from lightning_zero.callbacks.batch_size import ZeroBatchSizeFinder
 from lightning_zero.errors import ZeroConfigError
-from lightning_zero.strategies import build_preset
 from tests.helpers.trainer import end_process_group, quiet_trainer
 
 MIB_PER_SAMPLE = 1

@@ -24,8 +24,8 @@ import lightning as L
 import torch
 
 import lightning_zero  # noqa: F401  (registers the presets)
+from lightning_zero import ZeroStrategy, build_preset
 from lightning_zero.memory.footprint import rank_footprint
-from lightning_zero.strategies import ZeroStrategy, build_preset
 from tests.helpers.tiny import TinyLM
 from tests.helpers.trainer import end_process_group, quiet_trainer
 

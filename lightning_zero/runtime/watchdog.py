@@ -69,8 +69,11 @@ class RankWatchdog:
         return self
 
     def stop(self) -> None:
-        """The run is over on this rank (finished or failed by itself): stop watching."""
+        """The run is over on this rank (finished or failed by itself): stop watching, and wait for the thread to
+        end, so no thread of the run outlives it."""
         self._stopped.set()
+        if self._thread.ident is not None and self._thread is not threading.current_thread():
+            self._thread.join()
 
     def report_failed_peer(self) -> None:
         """This rank failed (the strategy's ``on_exception``): if another rank ended first, which is what a failed

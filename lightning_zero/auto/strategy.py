@@ -5,7 +5,7 @@
 
 At set-up, once the model exists: plan every DeepSpeed layout (:mod:`lightning_zero.memory.plan`, with a real
 activation probe of the model on a batch of the data), take the few candidates the plan says fit
-(:func:`lightning_zero.memory.search.candidates`: stage, optimizer offload incl. a partial ratio at stage 3,
+(:func:`lightning_zero.auto.search.candidates`: stage, optimizer offload incl. a partial ratio at stage 3,
 activation checkpointing, micro-batch x accumulation, pinned host buffers on CUDA, bucket size), time a few
 real optimizer steps of each on a copy of the model, and train with the highest samples/s that fitted. The
 user's global batch (dataloader batch x processes x accumulation) is kept unless ``batch_size: max``. The
@@ -24,6 +24,7 @@ import gc
 import json
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
@@ -31,17 +32,11 @@ import psutil
 import torch
 from lightning.pytorch import LightningModule
 from lightning.pytorch.core.optimizer import _init_optimizers_and_lr_schedulers
-from lightning.pytorch.utilities import rank_zero_info
+from lightning.pytorch.utilities import move_data_to_device, rank_zero_info
 from lightning.pytorch.utilities.parsing import lightning_hasattr, lightning_setattr
 from torch import nn
 
-from lightning_zero.callbacks.batch_size import is_out_of_memory
-from lightning_zero.callbacks.throughput import first_tensor, samples_in
-from lightning_zero.errors import ZeroConfigError
-from lightning_zero.memory.budget import GIB
-from lightning_zero.memory.plan import PlanRow, candidate_layouts, make_plan
-from lightning_zero.memory.probe import probe_activations, take_samples, to_device, training_loss
-from lightning_zero.memory.search import (
+from lightning_zero.auto.search import (
     MAX,
     Candidate,
     Measurement,
@@ -54,10 +49,15 @@ from lightning_zero.memory.search import (
     needless,
     retries,
 )
+from lightning_zero.errors import ZeroConfigError
+from lightning_zero.memory.budget import GIB
+from lightning_zero.memory.plan import PlanRow, candidate_layouts, make_plan
+from lightning_zero.memory.probe import probe_activations
 from lightning_zero.memory.states import ParameterShapes
+from lightning_zero.models.blocks import enable_activation_checkpointing
 from lightning_zero.precision import half_dtype
+from lightning_zero.runtime.batches import first_tensor, is_out_of_memory, samples_in, take_samples, training_loss
 from lightning_zero.strategies import cpu_adam
-from lightning_zero.strategies.blocks import enable_activation_checkpointing
 from lightning_zero.strategies.deepspeed import ZeroStrategy, forget_zero3_modules
 from lightning_zero.strategies.deepspeed_config import (
     DeepSpeedZeroConfig,
@@ -66,7 +66,7 @@ from lightning_zero.strategies.deepspeed_config import (
     to_deepspeed_config,
 )
 
-#: Rounds of trying again at a smaller micro-batch (:func:`~lightning_zero.memory.search.retries`).
+#: Rounds of trying again at a smaller micro-batch (:func:`~lightning_zero.auto.search.retries`).
 RETRY_ROUNDS = 2
 #: Share of the budget a trial's peak allocated memory must leave free, for what the run adds to it (its loop and
 #: batches) and the allocator's page rounding.
@@ -191,7 +191,7 @@ class ZeroAutoStrategy(ZeroStrategy):
         """
         module = self.lightning_module
         assert module is not None
-        batch = to_device(first_batch, self.root_device)
+        batch = move_data_to_device(first_batch, self.root_device)
         shapes = ParameterShapes.of(module)
         global_batch = self._global_batch(trainer, samples_in(first_batch))
         key = self._cache_key(module, shapes, batch, global_batch)
@@ -402,8 +402,6 @@ class ZeroAutoStrategy(ZeroStrategy):
         import deepspeed
         import lightning
 
-        from lightning_zero import __version__
-
         return cache_key(
             model=type(module).__qualname__,
             parameters=shapes.total,
@@ -416,7 +414,7 @@ class ZeroAutoStrategy(ZeroStrategy):
             batch=global_batch,
             trials=(self.auto.max_trials, self.auto.max_micro_batch),
             expandable_segments=self.auto.expandable_segments,
-            versions=(torch.__version__, deepspeed.__version__, lightning.__version__, __version__),
+            versions=(torch.__version__, deepspeed.__version__, lightning.__version__, version("lightning-zero")),
         )
 
     def _read_cache(self, key: str) -> dict[str, Any] | None:

@@ -120,7 +120,7 @@ def build_cpu_ops(builders: Sequence[str] = CPU_OPS, timeout_s: float = BUILD_LI
 def start_build(builder: str, **popen: Any) -> subprocess.Popen[bytes]:
     """Start :func:`build_op` of ``builder`` in a child process, in a session of its own (``popen``: more
     ``subprocess.Popen`` arguments, e.g. where its output goes)."""
-    code = f"from lightning_zero.strategies.ops import build_op; build_op({builder!r})"
+    code = f"from lightning_zero.runtime.ops import build_op; build_op({builder!r})"
     return subprocess.Popen([sys.executable, "-c", code], start_new_session=True, **popen)
 
 

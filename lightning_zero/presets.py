@@ -84,7 +84,7 @@ def backend_class(backend: str) -> type:
 
         return FairScaleStrategy
     if backend == "auto":
-        from lightning_zero.strategies.auto import ZeroAutoStrategy
+        from lightning_zero.auto.strategy import ZeroAutoStrategy
 
         return ZeroAutoStrategy
     if backend == "fsdp2":

@@ -1,0 +1,62 @@
+"""Folders are layers: a module imports only modules of its own layer or lower ones, lazy imports included (the
+table of docs/architecture.md)."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+from tests.helpers.launch import REPO
+
+PACKAGE = REPO / "lightning_zero"
+
+#: Lowest first; a module may import from its own layer and the layers before it.
+LAYERS: tuple[frozenset[str], ...] = (
+    frozenset({"errors", "precision", "quiet", "hardware", "packages"}),
+    frozenset({"runtime"}),
+    frozenset({"models"}),
+    frozenset({"data"}),
+    frozenset({"memory"}),
+    frozenset({"checkpoint"}),
+    frozenset({"strategies"}),
+    frozenset({"auto"}),
+    frozenset({"presets"}),
+    frozenset({"tasks", "callbacks"}),
+    frozenset({"__init__", "parse_errors", "preflight", "cli", "plan_command", "chat"}),
+)
+
+
+def layer_of(unit: str) -> int:
+    return next(index for index, names in enumerate(LAYERS) if unit in names)
+
+
+def unit_of(module: str) -> str:
+    """The top-level module or sub-package of ``lightning_zero`` a dotted module name is in."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else "__init__"
+
+
+def imported_units(path: Path) -> set[str]:
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == "lightning_zero":
+            found.add(unit_of(node.module))
+        elif isinstance(node, ast.Import):
+            found.update(unit_of(alias.name) for alias in node.names if alias.name.split(".")[0] == "lightning_zero")
+    return found
+
+
+def test_every_module_has_a_layer() -> None:
+    units = {path.relative_to(PACKAGE).parts[0].removesuffix(".py") for path in PACKAGE.glob("*")}
+    units -= {"__pycache__", "py.typed"}
+    assert sorted(unit for unit in units if not any(unit in names for names in LAYERS)) == []
+
+
+def test_imports_flow_down_the_layers() -> None:
+    upward = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        here = unit_of(".".join(path.relative_to(REPO).with_suffix("").parts))
+        for target in imported_units(path):
+            if layer_of(target) > layer_of(here):
+                upward.append(f"{path.relative_to(REPO)} imports lightning_zero.{target}")
+    assert upward == []
