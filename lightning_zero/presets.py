@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from lightning.pytorch.strategies import StrategyRegistry
+from lightning.pytorch.utilities import rank_zero_warn
 
 from lightning_zero.errors import ZeroConfigError
 
@@ -108,12 +109,25 @@ def get_preset(name: str) -> Preset:
 
 
 def register_presets(registry: Any = StrategyRegistry, backend: str | None = None) -> None:
-    """Register every preset (or one backend's) with a Lightning strategy registry (Lightning's own by default)."""
+    """Register every preset (or one backend's) with a Lightning strategy registry (Lightning's own by default).
+
+    Registering again replaces our own entries; a name another package registered first keeps its strategy, with
+    one warning naming the preset's other route (:func:`build_preset`)."""
     for preset in PRESETS:
         if backend is not None and preset.backend != backend:
             continue
         factory = functools.partial(build_preset, preset.name)  # what Lightning calls when it resolves the name
+        if preset.name in registry and not _is_ours(registry[preset.name]["strategy"]):
+            rank_zero_warn(
+                f"Strategy name {preset.name!r} is already registered by another package: lightning-zero's preset"
+                f" is not registered under it; use strategy=lightning_zero.build_preset({preset.name!r}) instead."
+            )
+            continue
         registry.register(preset.name, factory, description=preset.description, override=True)
+
+
+def _is_ours(strategy: Any) -> bool:
+    return isinstance(strategy, functools.partial) and strategy.func is build_preset
 
 
 def build_preset(name: str, **overrides: Any) -> Any:

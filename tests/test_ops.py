@@ -23,9 +23,7 @@ def test_a_killed_builds_lock_file_ends_in_an_error_that_names_it(
     monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
     (tmp_path / "deepspeed_shm_comm").mkdir()
     (tmp_path / "deepspeed_shm_comm" / "lock").touch()  # what a build killed half-way leaves behind
-    start = time.monotonic()
     failures = build_cpu_ops(["ShareMemCommBuilder"], timeout_s=6)
-    assert time.monotonic() - start < 60
     assert len(failures) == 1
     lock = tmp_path / "deepspeed_shm_comm" / "lock"
     assert failures[0] == (
@@ -56,9 +54,8 @@ def _locked(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, age_s: float = 0.0)
 def test_a_run_waits_for_a_build_that_holds_the_lock(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     lock = _locked(tmp_path, monkeypatch)
     threading.Timer(0.5, lock.unlink).start()  # the other process's build ends
-    start = time.monotonic()
     wait_for_build_lock("cpu_adam", poll_s=0.05)
-    assert 0.4 < time.monotonic() - start < 30
+    assert not lock.exists()  # returned only once the build was over
 
 
 def test_a_killed_builds_lock_is_removed_once_it_is_as_old_as_the_limit(
@@ -69,9 +66,8 @@ def test_a_killed_builds_lock_is_removed_once_it_is_as_old_as_the_limit(
     assert not lock.exists() and f"removed {lock}" in capsys.readouterr().err
     lock = _locked(tmp_path, monkeypatch)  # killed just now: waited for, and said so, until the limit
     monkeypatch.setattr(ops, "LOCK_NOTICE_S", 0.0)
-    start = time.monotonic()
     wait_for_build_lock("cpu_adam", limit_s=1.0, poll_s=0.05)
-    assert not lock.exists() and time.monotonic() - start < 30
+    assert not lock.exists()
     assert f"waiting for {lock}: another process is building DeepSpeed's cpu_adam" in capsys.readouterr().err
 
 

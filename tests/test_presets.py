@@ -10,7 +10,7 @@ from lightning.pytorch.strategies import StrategyRegistry
 
 from lightning_zero import ZeroStrategy, build_preset, preset_names
 from lightning_zero.errors import ZeroConfigError
-from lightning_zero.presets import PRESETS, Preset, check_strategy_name
+from lightning_zero.presets import PRESETS, Preset, check_strategy_name, get_preset, register_presets
 
 DEEPSPEED = [p for p in PRESETS if p.backend == "deepspeed"]
 
@@ -62,3 +62,18 @@ def test_zero_and_deepspeed_config_together_is_an_error() -> None:
 def test_strategy_takes_a_deepspeed_config_dict() -> None:
     strategy = ZeroStrategy(deepspeed_config={"zero_optimization": {"stage": 1}})
     assert strategy.config == {"zero_optimization": {"stage": 1}}
+
+
+def test_a_name_registered_by_another_package_is_not_shadowed() -> None:
+    from lightning.fabric.strategies.registry import _StrategyRegistry
+
+    registry = _StrategyRegistry()
+
+    def theirs() -> None: ...
+
+    registry.register("zero2", theirs, description="someone else's")
+    with pytest.warns(UserWarning, match=r"'zero2' is already registered by another package"):
+        register_presets(registry)
+    assert registry["zero2"]["strategy"] is theirs
+    register_presets(registry)  # again: our own entries are replaced without a word
+    assert registry["zero3"]["description"] == get_preset("zero3").description
