@@ -1,9 +1,9 @@
 """Reproduce the reports' experiments on this machine: experiments x strategies -> one table.
 
-    python benchmarks/reproduce.py run --out benchmarks/results/h200 --experiments t5-3b,gpt2-xl --prebuild-ops
-    python benchmarks/reproduce.py report benchmarks/results/h200 --plots
+    python benchmarks/reproduce.py run --out benchmarks/results/DATE-NAME --experiments t5-3b,gpt2-xl --prebuild-ops
+    python benchmarks/reproduce.py report benchmarks/results/DATE-NAME --plots
 
-See benchmarks/README.md for the method and the results.
+See benchmarks/README.md for the method, and its campaigns list for the results.
 """
 
 import sys
