@@ -6,7 +6,8 @@
   DeepSpeed's universal format (``deepspeed.checkpoint.ds_to_universal``, written next to it as ``X.universal``)
   and loaded with ``load_universal``; optimizer state included. For a stage-3 reader, two things DeepSpeed 0.19's
   converter does not write for a stage-1/2 source are added: the model states under ZeRO-3's file name, and the
-  optimizer's step and hyper-parameters under ``optimizer_state_dict``.
+  optimizer's step and hyper-parameters under ``optimizer_state_dict``; after the load, two slips of its
+  ZeRO-3 loader are undone (:func:`repair_stage3_universal_load`).
 * Anything else -- a DeepSpeed stage-3 source with any change (its universal conversion is not tried here), or
   another backend -- resumes from the consolidated weights and the loop position with a fresh optimizer, and
   warns once (``weights_only``).
@@ -17,6 +18,7 @@ from __future__ import annotations
 import argparse
 import os
 from pathlib import Path
+from typing import Any
 
 from lightning_zero.checkpoint.atomic import fsync_tree, partial_path, publish, remove_path
 from lightning_zero.checkpoint.manifest import Manifest
@@ -92,3 +94,25 @@ def _add_stage3_reader_files(tag_folder: Path) -> None:
         "param_groups": state["param_groups"],
     }
     torch.save(state, path)
+
+
+def repair_stage3_universal_load(optimizer: Any, universal: Path) -> None:
+    """Undo two slips of DeepSpeed 0.19's ZeRO-3 universal loader, on ``optimizer`` (the torch optimizer it wraps).
+
+    It gives every parameter group the first group's hyper-parameters, so parameters without weight decay get it
+    (deepspeedai/DeepSpeed#7585 handles several groups in the converter only); and it gives every sub-group's state
+    the same ``step`` tensor, which torch's Adam then advances once per sub-group at each step (bias correction of
+    step 6 after 5). Groups are in the order the module's ``configure_optimizers`` made them, as in the source.
+    """
+    import torch
+
+    tag = (universal / "latest_universal").read_text().strip()
+    saved = torch.load(universal / tag / "zero" / "optimizer_state.pt", weights_only=False)["param_groups"]
+    groups = optimizer.param_groups
+    if len(saved) != len(groups):
+        raise ValueError(f"the checkpoint has {len(saved)} parameter groups, this optimizer {len(groups)}")
+    for group, saved_group in zip(groups, saved, strict=True):
+        group.update({key: value for key, value in saved_group.items() if key != "params"})
+    for state in optimizer.state.values():
+        if isinstance(state.get("step"), torch.Tensor):
+            state["step"] = state["step"].clone()

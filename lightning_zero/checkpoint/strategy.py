@@ -14,6 +14,7 @@ from lightning_zero.checkpoint.reshard import (
     UNIVERSAL,
     UNIVERSAL_SUFFIX,
     WEIGHTS_ONLY,
+    repair_stage3_universal_load,
     resume_route,
     universal_checkpoint,
     why_not_carried,
@@ -51,9 +52,13 @@ class SafeCheckpoints:
         route = resume_route(manifest, backend, stage, self.world_size)  # type: ignore[attr-defined]
         if route == WEIGHTS_ONLY:
             return self._weights_only(path, manifest)
-        if route == UNIVERSAL:
-            path = self._universal(path)
-        return super().load_checkpoint(path, weights_only)  # type: ignore[misc]
+        if route != UNIVERSAL:
+            return super().load_checkpoint(path, weights_only)  # type: ignore[misc]
+        universal = self._universal(path)
+        checkpoint = super().load_checkpoint(universal, weights_only)  # type: ignore[misc]
+        if stage == 3:
+            repair_stage3_universal_load(self.deepspeed_engine.optimizer.optimizer, universal)  # type: ignore[attr-defined]
+        return checkpoint
 
     def _weights_only(self, path: Path, manifest: Manifest | None) -> dict[str, Any]:
         """Load the consolidated weights into this strategy's model; Lightning restores the rest of the dict."""

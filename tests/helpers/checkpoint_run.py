@@ -18,6 +18,9 @@ A run is ``KIND:STRATEGY`` (a Lightning strategy name or preset); rank 0 writes 
   checkpoint under TARGET with batch 8 to ``--steps`` (pairs without a route that carries the optimizer state
   resume weights-only, with one warning). ``cross-fresh-optimizer`` does the same but empties the
   optimizer state after loading (what a loader that dropped it would do), for the test to tell the two apart.
+* ``grouped``: ``plain`` with :class:`GroupedLM` (two parameter groups); checkpoints in ``ckpt-grouped-<strategy>``.
+* ``grouped-cross``: ``SOURCE>TARGET``: after ``grouped`` of SOURCE, ``--devices`` processes resume its step-10
+  checkpoint under TARGET with the same batch, so the run repeats SOURCE's numbers.
 """
 
 from __future__ import annotations
@@ -183,6 +186,37 @@ def cross(pair: str, args: argparse.Namespace, forget: bool = False) -> dict[str
     }
 
 
+class GroupedLM(ShortEpochLM):
+    """ShortEpochLM whose AdamW has two parameter groups, weight decay on matrices only, as the tasks' has."""
+
+    def configure_optimizers(self) -> Any:
+        matrices = [parameter for parameter in self.parameters() if parameter.dim() > 1]
+        others = [parameter for parameter in self.parameters() if parameter.dim() <= 1]
+        groups = [{"params": matrices, "weight_decay": 0.1}, {"params": others, "weight_decay": 0.0}]
+        return torch.optim.AdamW(groups, lr=float(self.hparams["lr"]))
+
+
+def grouped(spec: str, args: argparse.Namespace) -> dict[str, Any] | None:
+    L.seed_everything(7, verbose=False)
+    module = GroupedLM()
+    directory = args.out / f"ckpt-grouped-{spec}"
+    trainer = make_trainer(spec, args.devices, args.steps, checkpointing(directory, args.every))
+    trainer.fit(module)
+    result = {"state_dict": full_state(trainer, module), "losses": module.losses}
+    return result if trainer.is_global_zero else None
+
+
+def grouped_cross(pair: str, args: argparse.Namespace) -> dict[str, Any] | None:
+    source, target = pair.split(">")
+    path = args.out / f"ckpt-grouped-{source}" / f"epoch=1-step={2 * args.every}.ckpt"
+    L.seed_everything(7, verbose=False)
+    module = GroupedLM()
+    trainer = make_trainer(target, args.devices, args.steps, [ExactResume()])
+    trainer.fit(module, ckpt_path=str(path))
+    result = {"state_dict": full_state(trainer, module), "losses": module.losses}
+    return result if trainer.is_global_zero else None
+
+
 def cross_fresh_optimizer(pair: str, args: argparse.Namespace) -> dict[str, Any] | None:
     return cross(pair, args, forget=True)
 
@@ -195,6 +229,8 @@ KINDS: dict[str, Callable[[str, argparse.Namespace], dict[str, Any] | None]] = {
     "plain": plain,
     "cross": cross,
     "cross-fresh-optimizer": cross_fresh_optimizer,
+    "grouped": grouped,
+    "grouped-cross": grouped_cross,
 }
 
 
