@@ -186,6 +186,12 @@ def test_zero_auto_is_a_registered_preset() -> None:
         AutoZeroConfig(batch_size="largest")
     with pytest.raises(ZeroConfigError, match="set `compile_blocks` on a preset"):
         AutoZeroConfig(compile_blocks=True)
+    offloaded = {"stage": 3, "offload_optimizer": "cpu"}
+    for lever in ("bf16_optimizer_states", "zenflow"):  # approximate: never searched unasked
+        with pytest.raises(ZeroConfigError, match=f"exact layouts only: set `{lever}` on a preset"):
+            ZeroAutoStrategy(zero={**offloaded, lever: True})
+    with pytest.raises(ZeroConfigError, match="chooses the offload ratio itself"):
+        ZeroAutoStrategy(zero={**offloaded, "offload_ratio": 0.5})
 
 
 def test_expandable_segments_are_switched_on_for_cuda_only(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -128,11 +128,9 @@ def deepspeed_config_for(base: AutoZeroConfig, candidate: Candidate) -> tuple[Au
         pin_memory=candidate.pin_memory,
         reduce_bucket_size=candidate.bucket_size,
         allgather_bucket_size=candidate.bucket_size,
+        offload_ratio=layout.offload_ratio if layout.offload_optimizer else 1.0,
     )
-    config = to_deepspeed_config(zero)
-    if layout.offload_optimizer and layout.offload_ratio < 1.0:
-        config["zero_optimization"]["offload_optimizer"]["ratio"] = layout.offload_ratio
-    return zero, config
+    return zero, to_deepspeed_config(zero)
 
 
 class ZeroAutoStrategy(ZeroStrategy):
@@ -146,8 +144,10 @@ class ZeroAutoStrategy(ZeroStrategy):
     strategy_name = "zero_auto"
 
     def __init__(self, zero: AutoZeroConfig | Mapping[str, Any] | None = None, **kwargs: Any) -> None:
-        super().__init__(zero=AutoZeroConfig.coerce(zero), **kwargs)
-        self.auto: AutoZeroConfig = AutoZeroConfig.coerce(zero)
+        auto = AutoZeroConfig.coerce(zero)
+        _refuse_unsearched(auto)
+        super().__init__(zero=auto, **kwargs)
+        self.auto: AutoZeroConfig = auto
         self.chosen: Candidate | None = None
         self.trials: list[Measurement] = []
         self.plan_rows: list[PlanRow] = []
@@ -436,6 +436,17 @@ class ZeroAutoStrategy(ZeroStrategy):
         entries[key] = candidate_to_dict(candidate)
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(entries, indent=1, sort_keys=True))
+
+
+def _refuse_unsearched(config: AutoZeroConfig) -> None:
+    """The search sets the offload ratio itself and never takes the approximate levers unasked."""
+    for lever in ("bf16_optimizer_states", "zenflow"):
+        if getattr(config, lever):
+            raise ZeroConfigError(
+                f"`zero_auto` searches exact layouts only: set `{lever}` on a preset such as `zero2_offload`."
+            )
+    if config.offload_ratio != 1.0:
+        raise ZeroConfigError("`zero_auto` chooses the offload ratio itself: remove `offload_ratio`.")
 
 
 def use_expandable_segments(device: torch.device) -> None:
