@@ -31,7 +31,9 @@ from lightning_zero.strategies.auto import (
     AutoZeroConfig,
     ZeroAutoStrategy,
     deepspeed_config_for,
+    read_cache,
     use_expandable_segments,
+    write_cache,
 )
 from tests.helpers.launch import run_script
 
@@ -177,6 +179,31 @@ def test_config_of_a_candidate_carries_ratio_pinning_and_buckets() -> None:
     assert (zero.stage, zero.offload_optimizer, zero.pin_memory) == (3, "cpu", True)
     assert section["offload_optimizer"] == {**section["offload_optimizer"], "ratio": 0.5, "pin_memory": True}
     assert section["reduce_bucket_size"] == 2**20 and "zenflow" not in section
+
+
+@pytest.mark.parametrize("text", ["{not json", "[1, 2]", "\udcff"])
+def test_an_unreadable_cache_is_absent_with_one_warning(tmp_path: Path, text: str) -> None:
+    path = tmp_path / "auto.json"
+    path.write_text(text, errors="surrogateescape")
+    with pytest.warns(UserWarning, match="zero_auto: ignoring") as warned:
+        assert read_cache(path) == {}
+    assert len(warned) == 1
+    assert read_cache(tmp_path / "missing.json") == {}  # a missing cache is no news
+
+
+def test_the_cache_is_replaced_in_one_step(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = tmp_path / "runs" / "auto.json"
+    write_cache(path, {"a": {"micro_batch": 1}})
+    assert read_cache(path) == {"a": {"micro_batch": 1}}
+
+    def interrupted(source: str, target: Path) -> None:
+        raise OSError("interrupted")
+
+    monkeypatch.setattr("lightning_zero.strategies.auto.os.replace", interrupted)
+    with pytest.raises(OSError, match="interrupted"):
+        write_cache(path, {"b": {"micro_batch": 2}})
+    assert read_cache(path) == {"a": {"micro_batch": 1}}  # the old file whole, not half the new one
+    assert [p.name for p in path.parent.iterdir()] == ["auto.json"]  # no temporary file left behind
 
 
 def test_zero_auto_is_a_registered_preset() -> None:

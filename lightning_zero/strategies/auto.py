@@ -22,6 +22,8 @@ import copy
 import dataclasses
 import gc
 import json
+import os
+import tempfile
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
@@ -31,7 +33,7 @@ import psutil
 import torch
 from lightning.pytorch import LightningModule
 from lightning.pytorch.core.optimizer import _init_optimizers_and_lr_schedulers
-from lightning.pytorch.utilities import rank_zero_info
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from lightning.pytorch.utilities.parsing import lightning_hasattr, lightning_setattr
 from torch import nn
 
@@ -422,20 +424,43 @@ class ZeroAutoStrategy(ZeroStrategy):
     def _read_cache(self, key: str) -> dict[str, Any] | None:
         if not self.is_global_zero or self.auto.cache_file is None:
             return None
-        path = Path(self.auto.cache_file)
-        if not path.is_file():
-            return None
-        entry = json.loads(path.read_text()).get(key)
+        entry = read_cache(Path(self.auto.cache_file)).get(key)
         return entry if isinstance(entry, dict) else None
 
     def _write_cache(self, key: str, candidate: Candidate) -> None:
         if self.auto.cache_file is None:
             return
         path = Path(self.auto.cache_file)
-        entries = json.loads(path.read_text()) if path.is_file() else {}
-        entries[key] = candidate_to_dict(candidate)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(entries, indent=1, sort_keys=True))
+        write_cache(path, {**read_cache(path), key: candidate_to_dict(candidate)})
+
+
+def read_cache(path: Path) -> dict[str, Any]:
+    """The cached choices in ``path``: none when it is missing, and none, with a warning, when it cannot be read
+    or is not a JSON object (the search then runs and rewrites it)."""
+    if not path.is_file():
+        return {}
+    try:
+        entries = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        rank_zero_warn(f"zero_auto: ignoring the unreadable cache {str(path)!r} ({error}); searching again.")
+        return {}
+    if not isinstance(entries, dict):
+        rank_zero_warn(f"zero_auto: ignoring the cache {str(path)!r}, which is not a JSON object; searching again.")
+        return {}
+    return entries
+
+
+def write_cache(path: Path, entries: Mapping[str, Any]) -> None:
+    """Replace ``path`` with ``entries`` in one step: a temporary file next to it, renamed over it, so a run
+    stopped mid-write or a concurrent reader never sees half a file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.NamedTemporaryFile("w", dir=path.parent, prefix=f".{path.name}.", delete=False) as scratch:
+        scratch.write(json.dumps(entries, indent=1, sort_keys=True))
+    try:
+        os.replace(scratch.name, path)
+    except OSError:
+        Path(scratch.name).unlink(missing_ok=True)
+        raise
 
 
 def _refuse_unsearched(config: AutoZeroConfig) -> None:
