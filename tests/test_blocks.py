@@ -7,14 +7,17 @@ from typing import cast
 
 import torch
 from torch import nn
-from transformers import GPT2LMHeadModel
+from transformers import AutoModelForCausalLM, GPT2LMHeadModel
 from transformers.models.gpt2.modeling_gpt2 import GPT2Block
+from transformers.models.llama.modeling_llama import LlamaDecoderLayer
 
 from lightning_zero.models.blocks import (
+    compile_blocks,
     enable_activation_checkpointing,
     transformer_block_classes,
     transformer_blocks,
 )
+from lightning_zero.models.shapes import shape_config
 from tests.helpers.tiny import SEQ, VOCAB, tiny_gpt2_config
 
 
@@ -70,3 +73,19 @@ def test_checkpointing_a_hugging_face_model_keeps_gradients() -> None:
     assert model.transformer.gradient_checkpointing
     for a, b in zip(expected, gradients(model, inputs, loss), strict=True):
         torch.testing.assert_close(a, b)
+
+
+def test_llama_blocks_are_found_compiled_and_checkpointed() -> None:
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(shape_config("shape:tiny-llama", vocab_size=VOCAB)).train()
+    assert transformer_block_classes(model) == {LlamaDecoderLayer}
+    assert len(transformer_blocks(model)) == 2
+    inputs = torch.randint(0, VOCAB, (2, SEQ))
+    loss = lambda m, x: m(input_ids=x, labels=x).loss  # noqa: E731
+    expected = gradients(model, inputs, loss)
+    assert enable_activation_checkpointing(model) == 2
+    assert compile_blocks(model) == 2
+    assert all(block._compiled_call_impl is not None for block in transformer_blocks(model))
+    # Inductor's fused float32 kernels round differently from eager (tests/test_fsdp2.py measured ~1e-6).
+    for a, b in zip(expected, gradients(model, inputs, loss), strict=True):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)

@@ -110,6 +110,35 @@ def test_token_nll_matches_the_models_own_loss(cache_dir: str) -> None:
     assert cast(Any, task.model).get_input_embeddings().weight.shape[0] == 1024  # vocab_size = len(tokenizer)
 
 
+@pytest.mark.parametrize("model", ["shape:tiny-llama", "shape:tiny-gpt2"])
+def test_the_task_computes_its_loss_in_chunks_by_default(model: str, cache_dir: str) -> None:
+    task = CausalLMTask(model=model, tokenizer=TOKENIZER, tokenizer_cache_dir=cache_dir, loss_chunk_tokens=16)
+    task.configure_model()
+    assert task.model is not None and task.chunked_loss
+    ids = torch.randint(0, 1024, (2, 24))
+    torch.manual_seed(0)
+    loss = task.training_step({"input_ids": ids, "labels": ids}, 0)
+    torch.manual_seed(0)
+    assert loss.item() == pytest.approx(task.model(input_ids=ids, labels=ids).loss.item(), abs=1e-6)
+
+    plain = CausalLMTask(model=model, tokenizer=TOKENIZER, tokenizer_cache_dir=cache_dir, loss_chunk_tokens=None)
+    plain.configure_model()
+    assert not plain.chunked_loss
+
+
+def test_a_shape_takes_a_vocabulary_larger_than_its_tokenizer(cache_dir: str) -> None:
+    common: dict[str, Any] = {"tokenizer": TOKENIZER, "tokenizer_cache_dir": cache_dir}
+    task = CausalLMTask(model="shape:tiny-llama", vocab_size=1100, **common)
+    task.configure_model()
+    assert cast(Any, task.model).get_output_embeddings().weight.shape == (1100, 64)
+    with pytest.raises(ZeroConfigError, match="smaller than the tokenizer's 1024"):
+        CausalLMTask(model="shape:tiny-llama", vocab_size=1000, **common).configure_model()
+    with pytest.raises(ZeroConfigError, match="shapes only"):
+        CausalLMTask(model="gpt2", vocab_size=1100, **common)
+    with pytest.raises(ZeroConfigError, match="loss_chunk_tokens"):
+        CausalLMTask(loss_chunk_tokens=0, **common)
+
+
 def test_perplexity_weights_tokens_not_batches() -> None:
     metric = TokenPerplexity()
     metric.update(torch.tensor(10.0), torch.tensor(10))

@@ -33,7 +33,17 @@ def parse(*args: str) -> ParseOnlyCLI:
 
 def test_there_are_configs() -> None:
     names = {path.stem for path in CONFIGS}
-    assert {"quickstart", "deberta", "blenderbot", "gpt2xl_offload", "t5_large", "t5_3b"} <= names
+    assert {
+        "quickstart",
+        "deberta",
+        "blenderbot",
+        "gpt2xl_offload",
+        "t5_large",
+        "t5_3b",
+        "llama-3.2-3b",
+        "llama-3.1-8b",
+    } <= names
+    assert "llama-3.2-3b_cpu" in names
     assert {f"{name}_cpu" for name in ("deberta", "blenderbot", "gpt2xl", "t5_large", "t5_3b")} <= names
 
 

@@ -71,3 +71,13 @@ def test_rebound_scheduler_drives_the_new_optimizer_without_warnings() -> None:
         swapped.step()
         scheduler.step()
     assert swapped.param_groups[0]["lr"] == pytest.approx(0.75)
+
+
+def test_swap_keeps_bf16_moments_or_builds_zenflows_cpu_adam() -> None:
+    # What DeepSpeed 0.19.8 asserts: bf16_optimizer_states under offload needs fp32_optimizer_states=False, and
+    # its ZenFlow optimizer steps a ZenFlowCPUAdam.
+    bf16 = cpu_adam.to_cpu_adam(torch.optim.AdamW(make_model().parameters()), bf16_states=True)
+    assert type(bf16).__name__ == "DeepSpeedCPUAdam" and not cast(Any, bf16).fp32_optimizer_states
+    zenflow = cpu_adam.to_cpu_adam(torch.optim.AdamW(make_model().parameters()), zenflow=True, overlap_step=True)
+    assert type(zenflow).__name__ == "ZenFlowCPUAdam" and cast(Any, zenflow).overlap_step
+    assert cast(Any, zenflow).fp32_optimizer_states

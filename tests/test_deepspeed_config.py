@@ -207,3 +207,79 @@ def test_offload_detection() -> None:
     assert offloads_optimizer(to_deepspeed_config(DeepSpeedZeroConfig(stage=2, offload_optimizer="cpu")))
     assert not offloads_optimizer(to_deepspeed_config(DeepSpeedZeroConfig(stage=3)))
     assert not offloads_optimizer({"zero_optimization": {"offload_optimizer": {"device": "none"}}})
+
+
+# --- offload levers (DeepSpeed 0.19.8 keys, checked against DeepSpeed's own config models) -------------------
+
+
+def _validated_by_deepspeed(config: dict[str, object]) -> None:
+    """DeepSpeed's pydantic models forbid unknown keys: a misspelt key or a bad value fails here."""
+    from deepspeed.runtime.precision_config import DeepSpeedBF16Config
+    from deepspeed.runtime.zero.config import DeepSpeedZeroConfig as DeepSpeedsZeroConfig
+
+    DeepSpeedsZeroConfig(**config["zero_optimization"])  # type: ignore[arg-type]
+    DeepSpeedBF16Config(**config.get("bf16", {}))  # type: ignore[arg-type]
+
+
+def test_bf16_optimizer_states_set_both_deepspeed_switches_and_need_bf16() -> None:
+    zero = DeepSpeedZeroConfig(stage=2, offload_optimizer="cpu", bf16_optimizer_states=True)
+    config = resolve_auto(to_deepspeed_config(zero), TrainerValues(micro_batch_size=2, precision="bf16-mixed"))
+    assert config["bf16"] == {"enabled": True, "bf16_master_weights_and_grads": True, "bf16_optimizer_states": True}
+    _validated_by_deepspeed(config)
+    assert "bf16_optimizer_states" not in to_deepspeed_config(DeepSpeedZeroConfig())["bf16"]  # off by default
+    with pytest.raises(ZeroConfigError, match=r"need bf16 precision.*precision='16-mixed'"):
+        resolve_auto(to_deepspeed_config(zero), TrainerValues(micro_batch_size=2, precision="16-mixed"))
+    assert zero_config_of(config).bf16_optimizer_states  # the strategy's CPU Adam keeps bf16 moments
+
+
+def test_zenflow_block_has_deepspeeds_keys() -> None:
+    zero = DeepSpeedZeroConfig(stage=2, offload_optimizer="cpu", zenflow=True, zenflow_topk_ratio=0.05)
+    config = to_deepspeed_config(zero)
+    assert config["zero_optimization"]["zenflow"] == {
+        "topk_ratio": 0.05,
+        "update_interval": "auto",
+        "select_strategy": "auto",
+        "select_interval": "auto",
+        "overlap_step": False,
+        "full_warm_up_rounds": 0,
+    }
+    _validated_by_deepspeed(config)
+    fixed = to_deepspeed_config(
+        zero.replace(zenflow_update_interval=4, zenflow_select_interval=100, zenflow_overlap_step=True)
+    )
+    section = fixed["zero_optimization"]["zenflow"]
+    assert (section["update_interval"], section["select_strategy"], section["select_interval"]) == (4, "step", 100)
+    _validated_by_deepspeed(fixed)
+    assert "zenflow" not in to_deepspeed_config(DeepSpeedZeroConfig(offload_optimizer="cpu"))["zero_optimization"]
+    read = zero_config_of(fixed)
+    assert read.zenflow and read.zenflow_overlap_step
+    assert not zero_config_of({"zero_optimization": {"stage": 2, "zenflow": {"topk_ratio": 0.1}}}).zenflow
+
+
+def test_offload_ratio_is_deepspeeds_stage_3_ratio() -> None:
+    zero = DeepSpeedZeroConfig(stage=3, offload_optimizer="cpu", offload_ratio=0.3)
+    config = to_deepspeed_config(zero)
+    assert config["zero_optimization"]["offload_optimizer"]["ratio"] == 0.3
+    _validated_by_deepspeed(config)
+    whole = to_deepspeed_config(zero.replace(offload_ratio=1.0))["zero_optimization"]["offload_optimizer"]
+    assert "ratio" not in whole  # DeepSpeed's default, 1.0
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({"stage": 2, "offload_optimizer": "cpu", "offload_ratio": 0.5}, "needs stage 3 with optimizer offload"),
+        ({"stage": 3, "offload_optimizer": "cpu", "offload_ratio": 0.0}, "in \\(0, 1\\]"),
+        ({"stage": 2, "bf16_optimizer_states": True}, "`bf16_optimizer_states` needs the optimizer offloaded"),
+        (
+            {"stage": 2, "offload_optimizer": "cpu", "cpu_adam_for_offload": False, "zenflow": True},
+            "`zenflow` needs the optimizer offloaded and stepped by DeepSpeed's CPU Adam",
+        ),
+        ({"zenflow_topk_ratio": 1.0}, "between 0 and 1"),
+        ({"zenflow_update_interval": 0}, "at least 1 step"),
+        ({"zenflow_full_warm_up_rounds": -1}, "0 or more"),
+    ],
+)
+def test_bad_offload_levers_are_one_line_errors(fields: dict[str, object], message: str) -> None:
+    with pytest.raises(ZeroConfigError, match=message):
+        DeepSpeedZeroConfig.from_dict(fields)

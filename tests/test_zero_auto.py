@@ -28,7 +28,9 @@ from lightning_zero.auto.strategy import (
     AutoZeroConfig,
     ZeroAutoStrategy,
     deepspeed_config_for,
+    read_cache,
     use_expandable_segments,
+    write_cache,
 )
 from lightning_zero.errors import ZeroConfigError
 from lightning_zero.memory.plan import PlanRow
@@ -179,6 +181,31 @@ def test_config_of_a_candidate_carries_ratio_pinning_and_buckets() -> None:
     assert section["reduce_bucket_size"] == 2**20 and "zenflow" not in section
 
 
+@pytest.mark.parametrize("text", ["{not json", "[1, 2]", "\udcff"])
+def test_an_unreadable_cache_is_absent_with_one_warning(tmp_path: Path, text: str) -> None:
+    path = tmp_path / "auto.json"
+    path.write_text(text, errors="surrogateescape")
+    with pytest.warns(UserWarning, match="zero_auto: ignoring") as warned:
+        assert read_cache(path) == {}
+    assert len(warned) == 1
+    assert read_cache(tmp_path / "missing.json") == {}  # a missing cache is no news
+
+
+def test_the_cache_is_replaced_in_one_step(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = tmp_path / "runs" / "auto.json"
+    write_cache(path, {"a": {"micro_batch": 1}})
+    assert read_cache(path) == {"a": {"micro_batch": 1}}
+
+    def interrupted(source: str, target: Path) -> None:
+        raise OSError("interrupted")
+
+    monkeypatch.setattr("lightning_zero.auto.strategy.os.replace", interrupted)
+    with pytest.raises(OSError, match="interrupted"):
+        write_cache(path, {"b": {"micro_batch": 2}})
+    assert read_cache(path) == {"a": {"micro_batch": 1}}  # the old file whole, not half the new one
+    assert [p.name for p in path.parent.iterdir()] == ["auto.json"]  # no temporary file left behind
+
+
 def test_zero_auto_is_a_registered_preset() -> None:
     trainer = L.Trainer(strategy="zero_auto", accelerator="cpu", devices=2, logger=False)
     assert isinstance(trainer.strategy, ZeroAutoStrategy)
@@ -186,6 +213,12 @@ def test_zero_auto_is_a_registered_preset() -> None:
         AutoZeroConfig(batch_size="largest")
     with pytest.raises(ZeroConfigError, match="set `compile_blocks` on a preset"):
         AutoZeroConfig(compile_blocks=True)
+    offloaded = {"stage": 3, "offload_optimizer": "cpu"}
+    for lever in ("bf16_optimizer_states", "zenflow"):  # approximate: never searched unasked
+        with pytest.raises(ZeroConfigError, match=f"exact layouts only: set `{lever}` on a preset"):
+            ZeroAutoStrategy(zero={**offloaded, lever: True})
+    with pytest.raises(ZeroConfigError, match="chooses the offload ratio itself"):
+        ZeroAutoStrategy(zero={**offloaded, "offload_ratio": 0.5})
 
 
 def test_expandable_segments_are_switched_on_for_cuda_only(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -22,6 +22,8 @@ import copy
 import dataclasses
 import gc
 import json
+import os
+import tempfile
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from importlib.metadata import version
@@ -32,7 +34,7 @@ import psutil
 import torch
 from lightning.pytorch import LightningModule
 from lightning.pytorch.core.optimizer import _init_optimizers_and_lr_schedulers
-from lightning.pytorch.utilities import move_data_to_device, rank_zero_info
+from lightning.pytorch.utilities import move_data_to_device, rank_zero_info, rank_zero_warn
 from lightning.pytorch.utilities.parsing import lightning_hasattr, lightning_setattr
 from torch import nn
 
@@ -128,11 +130,9 @@ def deepspeed_config_for(base: AutoZeroConfig, candidate: Candidate) -> tuple[Au
         pin_memory=candidate.pin_memory,
         reduce_bucket_size=candidate.bucket_size,
         allgather_bucket_size=candidate.bucket_size,
+        offload_ratio=layout.offload_ratio if layout.offload_optimizer else 1.0,
     )
-    config = to_deepspeed_config(zero)
-    if layout.offload_optimizer and layout.offload_ratio < 1.0:
-        config["zero_optimization"]["offload_optimizer"]["ratio"] = layout.offload_ratio
-    return zero, config
+    return zero, to_deepspeed_config(zero)
 
 
 class ZeroAutoStrategy(ZeroStrategy):
@@ -146,8 +146,10 @@ class ZeroAutoStrategy(ZeroStrategy):
     strategy_name = "zero_auto"
 
     def __init__(self, zero: AutoZeroConfig | Mapping[str, Any] | None = None, **kwargs: Any) -> None:
-        super().__init__(zero=AutoZeroConfig.coerce(zero), **kwargs)
-        self.auto: AutoZeroConfig = AutoZeroConfig.coerce(zero)
+        auto = AutoZeroConfig.coerce(zero)
+        _refuse_unsearched(auto)
+        super().__init__(zero=auto, **kwargs)
+        self.auto: AutoZeroConfig = auto
         self.chosen: Candidate | None = None
         self.trials: list[Measurement] = []
         self.plan_rows: list[PlanRow] = []
@@ -420,20 +422,54 @@ class ZeroAutoStrategy(ZeroStrategy):
     def _read_cache(self, key: str) -> dict[str, Any] | None:
         if not self.is_global_zero or self.auto.cache_file is None:
             return None
-        path = Path(self.auto.cache_file)
-        if not path.is_file():
-            return None
-        entry = json.loads(path.read_text()).get(key)
+        entry = read_cache(Path(self.auto.cache_file)).get(key)
         return entry if isinstance(entry, dict) else None
 
     def _write_cache(self, key: str, candidate: Candidate) -> None:
         if self.auto.cache_file is None:
             return
         path = Path(self.auto.cache_file)
-        entries = json.loads(path.read_text()) if path.is_file() else {}
-        entries[key] = candidate_to_dict(candidate)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(entries, indent=1, sort_keys=True))
+        write_cache(path, {**read_cache(path), key: candidate_to_dict(candidate)})
+
+
+def read_cache(path: Path) -> dict[str, Any]:
+    """The cached choices in ``path``: none when it is missing, and none, with a warning, when it cannot be read
+    or is not a JSON object (the search then runs and rewrites it)."""
+    if not path.is_file():
+        return {}
+    try:
+        entries = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        rank_zero_warn(f"zero_auto: ignoring the unreadable cache {str(path)!r} ({error}); searching again.")
+        return {}
+    if not isinstance(entries, dict):
+        rank_zero_warn(f"zero_auto: ignoring the cache {str(path)!r}, which is not a JSON object; searching again.")
+        return {}
+    return entries
+
+
+def write_cache(path: Path, entries: Mapping[str, Any]) -> None:
+    """Replace ``path`` with ``entries`` in one step: a temporary file next to it, renamed over it, so a run
+    stopped mid-write or a concurrent reader never sees half a file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.NamedTemporaryFile("w", dir=path.parent, prefix=f".{path.name}.", delete=False) as scratch:
+        scratch.write(json.dumps(entries, indent=1, sort_keys=True))
+    try:
+        os.replace(scratch.name, path)
+    except OSError:
+        Path(scratch.name).unlink(missing_ok=True)
+        raise
+
+
+def _refuse_unsearched(config: AutoZeroConfig) -> None:
+    """The search sets the offload ratio itself and never takes the approximate levers unasked."""
+    for lever in ("bf16_optimizer_states", "zenflow"):
+        if getattr(config, lever):
+            raise ZeroConfigError(
+                f"`zero_auto` searches exact layouts only: set `{lever}` on a preset such as `zero2_offload`."
+            )
+    if config.offload_ratio != 1.0:
+        raise ZeroConfigError("`zero_auto` chooses the offload ratio itself: remove `offload_ratio`.")
 
 
 def use_expandable_segments(device: torch.device) -> None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from transformers import BlenderbotConfig, DebertaV2Config, GPT2Config, PretrainedConfig, T5Config
+from transformers import BlenderbotConfig, DebertaV2Config, GPT2Config, LlamaConfig, PretrainedConfig, T5Config
 
 from lightning_zero.errors import ZeroConfigError
 
@@ -69,16 +69,54 @@ def _t5(d_model: int, d_ff: int, layers: int, heads: int, d_kv: int) -> T5Config
     return T5Config(vocab_size=32128, d_model=d_model, d_ff=d_ff, num_layers=layers, num_heads=heads, d_kv=d_kv)
 
 
+def _llama(
+    hidden: int,
+    layers: int,
+    heads: int,
+    kv_heads: int,
+    ffn: int,
+    tied: bool,
+    rope_factor: float,
+    positions: int = 131072,
+) -> LlamaConfig:
+    # meta-llama/Llama-3.2-3B's and Llama-3.1-8B's config.json, with the sizes as arguments; the Llama 3 RoPE
+    # scaling changes no shape, and is kept so that the shapes are the published models'.
+    fields: dict[str, Any] = dict(
+        vocab_size=128256,
+        hidden_size=hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
+        intermediate_size=ffn,
+        tie_word_embeddings=tied,
+        max_position_embeddings=positions,
+        rms_norm_eps=1e-5,
+        rope_parameters={
+            "rope_type": "llama3",
+            "rope_theta": 500000.0,
+            "factor": rope_factor,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 8192 if positions > 8192 else positions // 4,
+        },
+        attn_implementation="sdpa",
+    )
+    return LlamaConfig(**fields)
+
+
 SHAPES: dict[str, Callable[[], PretrainedConfig]] = {
     "deberta-v2-xlarge": lambda: _deberta_v2(1536, 24, 24, 6144),
     "blenderbot-400M-distill": lambda: _blenderbot(1280, 2, 12, 32, 5120),
     "gpt2-xl": lambda: _gpt2(1600, 48, 25),
     "t5-large": lambda: _t5(1024, 4096, 24, 16, 64),
     "t5-3b": lambda: _t5(1024, 16384, 24, 32, 128),
+    "llama-3.2-3b": lambda: _llama(3072, 28, 24, 8, 8192, tied=True, rope_factor=32.0),
+    "llama-3.1-8b": lambda: _llama(4096, 32, 32, 8, 14336, tied=False, rope_factor=8.0),
     "tiny-deberta-v2": lambda: _deberta_v2(64, 2, 4, 128),
     "tiny-blenderbot": lambda: _blenderbot(64, 2, 2, 4, 128),
     "tiny-gpt2": lambda: _gpt2(64, 2, 4),
     "tiny-t5": lambda: _t5(64, 128, 2, 4, 16),
+    "tiny-llama": lambda: _llama(64, 2, 4, 2, 128, tied=True, rope_factor=32.0, positions=512),
 }
 
 

@@ -39,9 +39,19 @@ def _decouples_weight_decay(optimizer: Optimizer) -> bool:
     return isinstance(optimizer, torch.optim.AdamW) or bool(optimizer.defaults.get("decoupled_weight_decay"))
 
 
-def to_cpu_adam(optimizer: Optimizer) -> Optimizer:
-    """A ``DeepSpeedCPUAdam`` over the same parameter groups and hyper-parameters as ``optimizer``."""
-    from deepspeed.ops.adam import DeepSpeedCPUAdam
+def to_cpu_adam(
+    optimizer: Optimizer, bf16_states: bool = False, zenflow: bool = False, overlap_step: bool = False
+) -> Optimizer:
+    """A ``DeepSpeedCPUAdam`` over the same parameter groups and hyper-parameters as ``optimizer``.
+
+    Args:
+        optimizer: A plain torch Adam/AdamW (see :func:`is_swappable`).
+        bf16_states: Keep the Adam moments in the parameters' dtype (bf16) instead of fp32, as DeepSpeed's
+            ``bf16_optimizer_states`` requires.
+        zenflow: Build DeepSpeed's ``ZenFlowCPUAdam``, the CPU Adam its ZenFlow optimizer steps.
+        overlap_step: ZenFlow's ``overlap_step`` (the CPU step in a separate process).
+    """
+    from deepspeed.ops.adam import DeepSpeedCPUAdam, ZenFlowCPUAdam
 
     wait_for_op("CPUAdamBuilder")
     groups = [
@@ -50,16 +60,20 @@ def to_cpu_adam(optimizer: Optimizer) -> Optimizer:
     ]
     defaults = optimizer.defaults
     adamw_mode = _decouples_weight_decay(optimizer)
-    cpu_adam = DeepSpeedCPUAdam(
+    kind, extra = (ZenFlowCPUAdam, {"overlap_step": overlap_step}) if zenflow else (DeepSpeedCPUAdam, {})
+    cpu_adam = kind(
         groups,
         lr=defaults["lr"],
         betas=defaults["betas"],
         eps=defaults["eps"],
         weight_decay=defaults["weight_decay"],
         adamw_mode=adamw_mode,
+        fp32_optimizer_states=not bf16_states,
+        **extra,
     )
     rank_zero_info(
-        f"Optimizer offload: running `{type(optimizer).__name__}` as DeepSpeedCPUAdam(adamw_mode={adamw_mode}) with"
+        f"Optimizer offload: running `{type(optimizer).__name__}` as {kind.__name__}(adamw_mode={adamw_mode},"
+        f" fp32_optimizer_states={not bf16_states}) with"
         f" lr={defaults['lr']}, betas={tuple(defaults['betas'])}, eps={defaults['eps']},"
         f" weight_decay={defaults['weight_decay']}."
     )

@@ -258,7 +258,10 @@ class DeepSpeedZeroStrategy(WatchedRanks, SafeCheckpoints, _DeepSpeedOnCpu):
         optimizer, scheduler_config = super()._init_optimizers()
         assert isinstance(self.config, dict)
         if offloads_optimizer(self.config) and self.zero.cpu_adam_for_offload and cpu_adam.is_swappable(optimizer):
-            optimizer = cpu_adam.to_cpu_adam(optimizer)
+            zero = self.zero
+            optimizer = cpu_adam.to_cpu_adam(
+                optimizer, zero.bf16_optimizer_states, zero.zenflow, zero.zenflow_overlap_step
+            )
             if scheduler_config is not None:
                 cpu_adam.rebind_scheduler(scheduler_config.scheduler, optimizer)
         return optimizer, scheduler_config

@@ -50,6 +50,24 @@ class DeepSpeedZeroConfig(ZeroConfig):
         loss_scale_window: Steps without overflow before the fp16 loss scale grows.
         hysteresis: Overflows tolerated before the fp16 loss scale shrinks.
         min_loss_scale: Lowest fp16 loss scale.
+        offload_ratio: Share of the optimizer states (and their step) offloaded under stage 3 with optimizer
+            offload; the rest stays and steps on the accelerator (DeepSpeed's ``offload_optimizer.ratio``).
+        bf16_optimizer_states: **Approximate.** Keep the master weights, gradients and Adam states of the
+            offloaded optimizer in bf16 instead of fp32 (DeepSpeed's ``bf16.bf16_master_weights_and_grads`` and
+            ``bf16.bf16_optimizer_states``): host memory per parameter falls from 16 to about 8 bytes, and
+            updates smaller than bf16's resolution of the weight are lost. Needs optimizer offload, DeepSpeed's
+            CPU Adam (``cpu_adam_for_offload``) and ``bf16-mixed``/``bf16-true`` precision.
+        zenflow: **Approximate.** DeepSpeed's ZenFlow under optimizer offload: the ``zenflow_topk_ratio`` most
+            important gradient columns are applied on the accelerator every step, the rest accumulate and go
+            through the CPU optimizer every ``zenflow_update_interval`` steps (delayed updates, not Adam).
+        zenflow_topk_ratio: Share of gradient columns updated every step (0 to 1, exclusive).
+        zenflow_update_interval: Steps between the CPU optimizer's updates of the other columns (``None``:
+            DeepSpeed's ``"auto"``, adapted to how the gradients change).
+        zenflow_select_interval: Steps between re-selections of the important columns (``None``: DeepSpeed's
+            ``"auto"``, once an epoch).
+        zenflow_overlap_step: Run the CPU optimizer's step in a separate process, overlapped with the
+            accelerator's next forward and backward passes.
+        zenflow_full_warm_up_rounds: First steps that update every column (no selection).
     """
 
     nvme_path: str | None = None
@@ -70,9 +88,18 @@ class DeepSpeedZeroConfig(ZeroConfig):
     loss_scale_window: int = 1000
     hysteresis: int = 2
     min_loss_scale: float = 1.0
+    offload_ratio: float = 1.0
+    bf16_optimizer_states: bool = False
+    zenflow: bool = False
+    zenflow_topk_ratio: float = 0.1
+    zenflow_update_interval: int | None = None
+    zenflow_select_interval: int | None = None
+    zenflow_overlap_step: bool = False
+    zenflow_full_warm_up_rounds: int = 0
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        self._check_offload_levers()
         if self.compile_blocks and self.stage == 3:
             raise ZeroConfigError(
                 "`compile_blocks` is not supported under DeepSpeed's ZeRO stage 3 (its parameter hooks run inside every"
@@ -80,6 +107,46 @@ class DeepSpeedZeroConfig(ZeroConfig):
             )
         if "nvme" in (self.offload_optimizer, self.offload_parameters):
             require_existing_dir(self.nvme_path, "NVMe offload")
+
+    def _check_offload_levers(self) -> None:
+        offloaded = self.offload_optimizer != "none"
+        if not 0.0 < self.offload_ratio <= 1.0:
+            raise ZeroConfigError(f"`offload_ratio` must be in (0, 1], got {self.offload_ratio!r}: e.g. 0.5.")
+        if self.offload_ratio < 1.0 and not (self.stage == 3 and offloaded):
+            raise ZeroConfigError(
+                "`offload_ratio` below 1 needs stage 3 with optimizer offload: set `stage: 3` and"
+                " `offload_optimizer: cpu`, or `offload_ratio: 1.0`."
+            )
+        for lever in ("bf16_optimizer_states", "zenflow"):
+            if getattr(self, lever) and not (offloaded and self.cpu_adam_for_offload):
+                raise ZeroConfigError(
+                    f"`{lever}` needs the optimizer offloaded and stepped by DeepSpeed's CPU Adam: set"
+                    f" `offload_optimizer: cpu` (and `cpu_adam_for_offload: true`), or `{lever}: false`."
+                )
+        if not 0.0 < self.zenflow_topk_ratio < 1.0:
+            raise ZeroConfigError(f"`zenflow_topk_ratio` must be between 0 and 1, got {self.zenflow_topk_ratio!r}.")
+        for name in ("zenflow_update_interval", "zenflow_select_interval"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ZeroConfigError(f"`{name}` must be at least 1 step, got {value!r}, or null for DeepSpeed's auto.")
+        if self.zenflow_full_warm_up_rounds < 0:
+            raise ZeroConfigError(
+                f"`zenflow_full_warm_up_rounds` must be 0 or more, got {self.zenflow_full_warm_up_rounds!r}."
+            )
+
+
+def zenflow_section(config: DeepSpeedZeroConfig) -> dict[str, Any]:
+    """The ``zero_optimization.zenflow`` block of a DeepSpeed config for ``config``."""
+    select = config.zenflow_select_interval
+    return {
+        "topk_ratio": config.zenflow_topk_ratio,
+        "update_interval": AUTO if config.zenflow_update_interval is None else config.zenflow_update_interval,
+        # DeepSpeed refuses a fixed select_interval with select_strategy "auto".
+        "select_strategy": AUTO if select is None else "step",
+        "select_interval": AUTO if select is None else select,
+        "overlap_step": config.zenflow_overlap_step,
+        "full_warm_up_rounds": config.zenflow_full_warm_up_rounds,
+    }
 
 
 def zero_optimization_section(config: DeepSpeedZeroConfig) -> dict[str, Any]:
@@ -103,6 +170,10 @@ def zero_optimization_section(config: DeepSpeedZeroConfig) -> dict[str, Any]:
             "nvme_path": config.nvme_path,
             "pin_memory": config.pin_memory,
         }
+        if config.offload_ratio < 1.0:
+            section["offload_optimizer"]["ratio"] = config.offload_ratio
+    if config.zenflow:
+        section["zenflow"] = zenflow_section(config)
     if config.offload_parameters != "none":
         section["offload_param"] = {
             "device": config.offload_parameters,
@@ -135,8 +206,13 @@ def to_deepspeed_config(config: DeepSpeedZeroConfig) -> dict[str, Any]:
             "hysteresis": config.hysteresis,
             "min_loss_scale": config.min_loss_scale,
         },
-        "bf16": {"enabled": AUTO},
+        "bf16": {"enabled": AUTO, **_bf16_states(config.bf16_optimizer_states)},
     }
+
+
+def _bf16_states(enabled: bool) -> dict[str, bool]:
+    # DeepSpeed keeps optimizer states in bf16 only together with bf16 master weights and gradients.
+    return {"bf16_master_weights_and_grads": True, "bf16_optimizer_states": True} if enabled else {}
 
 
 def load_deepspeed_config(source: str | Path | Mapping[str, Any]) -> dict[str, Any]:
@@ -178,7 +254,8 @@ _FP16_FIELDS = ("loss_scale", "initial_scale_power", "loss_scale_window", "hyste
 
 
 def zero_config_of(ds_config: Mapping[str, Any]) -> DeepSpeedZeroConfig:
-    """What a full DeepSpeed config says in our terms: stage, offload devices, NVMe path, fp16 loss scaling.
+    """What a full DeepSpeed config says in our terms: stage, offload devices, NVMe path, fp16 loss scaling, and
+    whether the CPU optimizer keeps bf16 states or runs ZenFlow (and overlaps its step).
 
     The strategy reads these (parameter placement, CPU Adam under offload) from the config it runs, so a
     config file and the strategy never disagree. Settings only lightning-zero has keep their defaults.
@@ -190,11 +267,18 @@ def zero_config_of(ds_config: Mapping[str, Any]) -> DeepSpeedZeroConfig:
     optimizer = section.get("offload_optimizer") or {}
     parameters = section.get("offload_param") or {}
     fp16 = ds_config.get("fp16") or {}
+    bf16 = ds_config.get("bf16") or {}
+    zenflow = section.get("zenflow") or {}
+    offloaded = (optimizer.get("device") or "none") != "none"
     return DeepSpeedZeroConfig(
         stage=stage,
         offload_optimizer=optimizer.get("device") or "none",
         offload_parameters=parameters.get("device") or "none",
         nvme_path=optimizer.get("nvme_path") or parameters.get("nvme_path"),
+        # What the CPU optimizer the strategy builds must do: only under optimizer offload.
+        bf16_optimizer_states=offloaded and bool(bf16.get("bf16_optimizer_states", False)),
+        zenflow=offloaded and bool(zenflow),
+        zenflow_overlap_step=offloaded and bool(zenflow.get("overlap_step", False)),
         **{name: fp16[name] for name in _FP16_FIELDS if name in fp16},
     )
 
@@ -244,6 +328,16 @@ def _resolve_precision(config: dict[str, Any], precision: str) -> None:
                 f"DeepSpeed config sets `{block}.enabled: {value}` but the Trainer has `precision={precision!r}`:"
                 f" make them agree or set `{block}.enabled: auto` in the DeepSpeed config."
             )
+    bf16 = config.get("bf16")
+    if (
+        isinstance(bf16, dict)
+        and not bf16["enabled"]
+        and (bf16.get("bf16_optimizer_states") or bf16.get("bf16_master_weights_and_grads"))
+    ):
+        raise ZeroConfigError(
+            f"bf16 optimizer states and master weights need bf16 precision, but the Trainer has"
+            f" `precision={precision!r}`: set `precision: bf16-mixed` or `bf16_optimizer_states: false`."
+        )
     for block in list(wanted):
         if isinstance(config.get(block), dict) and not config[block]["enabled"]:
             del config[block]

@@ -87,12 +87,13 @@ class TaskModule(LightningModule):
 def build_language_model(
     auto_class: Any, source: str, tokenizer: PreTrainedTokenizerBase, **overrides: Any
 ) -> nn.Module:
-    """Pretrained weights as they are, or a random shape sized to ``tokenizer`` with its special-token ids."""
+    """Pretrained weights as they are, or a random shape sized to ``tokenizer`` (unless ``overrides`` give a
+    ``vocab_size``) with its special-token ids."""
     if not is_shape(source):
         return build_model(auto_class, source)
     ids = special_ids(tokenizer)
     ids_config = {"pad_token_id": ids.pad, "bos_token_id": ids.bos, "eos_token_id": ids.eos, **overrides}
-    return build_model(auto_class, source, vocab_size=len(tokenizer), **ids_config)
+    return build_model(auto_class, source, **{"vocab_size": len(tokenizer), **ids_config})
 
 
 class LanguageTask(TaskModule):

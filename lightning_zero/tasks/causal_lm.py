@@ -10,10 +10,14 @@ from __future__ import annotations
 
 from typing import Any
 
+from lightning.pytorch.utilities import rank_zero_info
 from torch import Tensor, nn
 from transformers import AutoModelForCausalLM
 
+from lightning_zero.errors import ZeroConfigError
+from lightning_zero.models.shapes import is_shape
 from lightning_zero.tasks.base import LanguageTask, build_language_model
+from lightning_zero.tasks.losses import causal_lm_nll, supports_chunked_loss
 from lightning_zero.tasks.metrics import token_nll
 
 
@@ -28,6 +32,12 @@ class CausalLMTask(LanguageTask):
         learning_rate: Peak AdamW learning rate.
         weight_decay: AdamW weight decay (not on biases and norms).
         warmup_ratio: Share of the training steps spent warming the learning rate up linearly.
+        vocab_size: For shapes, the model's vocabulary size (at least the tokenizer's length), e.g. 128256 for a
+            Llama 3 shape whose output layer should be the published model's; ``None``: the tokenizer's length.
+        loss_chunk_tokens: Positions whose logits are computed at a time for the loss (each chunk recomputed in
+            backward): the full ``[tokens, vocab]`` logits never exist. Same loss and gradients as the model's
+            own; applies to GPT-2, Llama, Mistral and Qwen 2/3 models, others use their own logits.
+            ``None``: always the model's own logits.
     """
 
     auto_class = AutoModelForCausalLM
@@ -41,13 +51,36 @@ class CausalLMTask(LanguageTask):
         learning_rate: float = 5e-4,
         weight_decay: float = 0.0,
         warmup_ratio: float = 0.0,
+        vocab_size: int | None = None,
+        loss_chunk_tokens: int | None = 1024,
     ) -> None:
         super().__init__()
+        if vocab_size is not None and not is_shape(model):
+            raise ZeroConfigError(f"`vocab_size` applies to shapes only, not to {model!r}: remove `vocab_size`.")
+        if loss_chunk_tokens is not None and loss_chunk_tokens < 1:
+            raise ZeroConfigError(
+                f"`loss_chunk_tokens` must be a positive number of positions, got {loss_chunk_tokens}: e.g. 1024,"
+                " or null for the model's own logits."
+            )
         self.save_hyperparameters()
+        self.chunked_loss = False
 
     def build_network(self) -> nn.Module:
-        """The causal LM (a shape gets the tokenizer's vocabulary and special ids)."""
-        return build_language_model(self.auto_class, self.hparams["model"], self.tokenizer)
+        """The causal LM (a shape gets the tokenizer's special ids, and its vocabulary unless ``vocab_size``)."""
+        vocab_size = self.hparams.get("vocab_size")
+        if vocab_size is not None and vocab_size < len(self.tokenizer):
+            raise ZeroConfigError(
+                f"`vocab_size: {vocab_size}` is smaller than the tokenizer's {len(self.tokenizer)} tokens: raise it"
+                " or remove it."
+            )
+        overrides = {} if vocab_size is None else {"vocab_size": vocab_size}
+        model = build_language_model(self.auto_class, self.hparams["model"], self.tokenizer, **overrides)
+        self.chunked_loss = self.hparams.get("loss_chunk_tokens") is not None and supports_chunked_loss(model)
+        if self.hparams.get("loss_chunk_tokens") is not None and not self.chunked_loss:
+            rank_zero_info(
+                f"Loss from the model's full logits: chunked loss is not known to be exact for {type(model).__name__}."
+            )
+        return model
 
     def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None) -> Tensor:
         """Logits ``[batch, length, vocab]``."""
@@ -55,6 +88,11 @@ class CausalLMTask(LanguageTask):
         return self.model(input_ids=input_ids, attention_mask=attention_mask).logits
 
     def _nll(self, batch: dict[str, Any]) -> tuple[Tensor, Tensor]:
+        if self.chunked_loss:
+            chunk_tokens = self.hparams["loss_chunk_tokens"]
+            return causal_lm_nll(
+                self.model, batch["input_ids"], batch.get("attention_mask"), batch["labels"], chunk_tokens
+            )
         logits = self(batch["input_ids"], batch.get("attention_mask"))
         return token_nll(logits, batch["labels"], shift=True)
 
