@@ -30,7 +30,6 @@ from typing import Any
 import lightning as L
 import numpy as np
 import torch
-from lightning.fabric.utilities.data import _set_sampler_epoch
 from lightning.pytorch.callbacks import Callback
 
 from lightning_zero.checkpoint.strategy import SafeCheckpoints
@@ -69,6 +68,15 @@ def _gather(state: dict[str, Any]) -> list[dict[str, Any]]:
     states: list[Any] = [None] * torch.distributed.get_world_size()
     torch.distributed.all_gather_object(states, state)
     return states
+
+
+def set_sampler_epoch(loader: Any, epoch: int) -> None:
+    """Tell ``loader``'s sampler, or its batch sampler's, which epoch it serves (distributed samplers shuffle by it)."""
+    samplers = (getattr(loader, "sampler", None), getattr(getattr(loader, "batch_sampler", None), "sampler", None))
+    for sampler in {id(sampler): sampler for sampler in samplers}.values():  # often one object twice
+        set_epoch = getattr(sampler, "set_epoch", None)
+        if callable(set_epoch):
+            set_epoch(epoch)
 
 
 def fix_epoch_end_loop_state(loops: dict[str, Any]) -> bool:
@@ -165,7 +173,7 @@ class ExactResume(Callback):
             set_rng_state(loaded["now"])
             return
         for loader in combined.flattened:  # Lightning sets the epoch after `on_train_start`, too late for us
-            _set_sampler_epoch(loader, fit_loop.epoch_progress.current.processed)  # type: ignore[attr-defined]
+            set_sampler_epoch(loader, fit_loop.epoch_progress.current.processed)  # type: ignore[attr-defined]
         combined.flattened = [
             _FastForward(loader, done, loaded["epoch_start"], loaded["now"]) for loader in combined.flattened
         ]

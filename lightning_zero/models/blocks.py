@@ -13,11 +13,8 @@ from typing import Any
 
 from lightning.pytorch.utilities import rank_zero_info
 from torch import nn
-from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
-    CheckpointImpl,
-    apply_activation_checkpointing,
-    checkpoint_wrapper,
-)
+
+from lightning_zero.internals import CheckpointImpl, apply_activation_checkpointing, checkpoint_wrapper
 
 
 def _hugging_face_block_names(model: nn.Module) -> set[str]:

@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from lightning_zero.internals import extension_build_directory
 from lightning_zero.quiet import quiet_libraries
 
 #: DeepSpeed's op builders that CPU runs use: shared-memory collectives, CPU Adam, NVMe async I/O (only where
@@ -48,9 +49,7 @@ def build_op(builder: str) -> None:
 
 def build_lock(op_name: str) -> Path:
     """The lock file torch's extension builder holds while it builds (or loads) the op ``op_name``."""
-    from torch.utils.cpp_extension import _get_build_directory
-
-    return Path(_get_build_directory(op_name, verbose=False)) / "lock"
+    return extension_build_directory(op_name) / "lock"
 
 
 #: Seconds a build lock may be held before a run loading the op says that it waits on it.
@@ -137,9 +136,7 @@ def _build_in_child(builder: str, timeout_s: float) -> str | None:
 
 
 def _stale_lock_hint() -> str:
-    from torch.utils.cpp_extension import _get_build_directory
-
-    root = Path(_get_build_directory("", verbose=False))
+    root = extension_build_directory("")
     locks = sorted(str(lock) for lock in root.glob("*/lock"))
     if locks:  # the waited-on lock may be another op's: one op's build can load another
         return f"if no other build is running, delete {', '.join(locks)} and run `lightning-zero build-ops` again"

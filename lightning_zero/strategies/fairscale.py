@@ -22,8 +22,6 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 from lightning.fabric.plugins.collectives.torch_collective import default_pg_timeout
-from lightning.fabric.utilities.optimizer import _optimizers_to_device
-from lightning.pytorch.overrides.distributed import _sync_module_states
 from lightning.pytorch.plugins.precision import MixedPrecision
 from lightning.pytorch.strategies import DDPStrategy
 from lightning.pytorch.trainer.states import TrainerFn
@@ -34,6 +32,7 @@ from lightning_zero.checkpoint.strategy import SafeCheckpoints
 from lightning_zero.errors import ZeroConfigError
 from lightning_zero.memory.budget import apply_memory_budget
 from lightning_zero.models.blocks import prepare_blocks
+from lightning_zero.runtime.devices import broadcast_module_states, optimizers_to_device
 from lightning_zero.runtime.watchdog import WatchedRanks
 from lightning_zero.strategies.cpu_adam import rebind_scheduler
 from lightning_zero.strategies.fairscale_config import (
@@ -120,11 +119,11 @@ class FairScaleStrategy(WatchedRanks, SafeCheckpoints, DDPStrategy):
             self.setup_optimizers(trainer)
             self._wrap_model()
         else:
-            _sync_module_states(self.model)
+            broadcast_module_states(self.model)
         self.setup_precision_plugin()
         self._adapt_precision_plugin()
         if fitting:
-            _optimizers_to_device(self.optimizers, self.root_device)
+            optimizers_to_device(self.optimizers, self.root_device)
 
     def setup_optimizers(self, trainer: pl.Trainer) -> None:
         """The module's optimizers, each re-created as an OSS over the same groups; schedulers follow them."""

@@ -20,8 +20,6 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from lightning.fabric.plugins.collectives.torch_collective import default_pg_timeout
-from lightning.fabric.utilities.init import _materialize_distributed_module
-from lightning.fabric.utilities.optimizer import _optimizers_to_device
 from lightning.pytorch.strategies import ModelParallelStrategy
 from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities import rank_zero_info
@@ -29,8 +27,10 @@ from torch import nn
 
 from lightning_zero.checkpoint.strategy import SafeCheckpoints
 from lightning_zero.errors import ZeroConfigError
+from lightning_zero.internals import materialize_meta_module
 from lightning_zero.memory.budget import apply_memory_budget
 from lightning_zero.models.blocks import prepare_blocks, transformer_blocks
+from lightning_zero.runtime.devices import optimizers_to_device
 from lightning_zero.runtime.watchdog import WatchedRanks
 from lightning_zero.strategies import cpu_adam
 from lightning_zero.strategies.fsdp2_config import FSDP2ZeroConfig, fully_shard_options
@@ -105,7 +105,7 @@ class FSDP2Strategy(WatchedRanks, SafeCheckpoints, ModelParallelStrategy):
             prepare_blocks(self.model, self.zero.activation_checkpointing, self.zero.compile_blocks)
             count = shard_module(self.model, self.device_mesh["data_parallel"], self._shard_options)
             rank_zero_info(f"FSDP2 stage {self.zero.stage}: {count} modules sharded.")
-        _materialize_distributed_module(self.model, self.root_device)
+        materialize_meta_module(self.model, self.root_device)
         self.model_to_device()
         self.barrier()
         fitting = trainer.state.fn == TrainerFn.FITTING
@@ -115,7 +115,7 @@ class FSDP2Strategy(WatchedRanks, SafeCheckpoints, ModelParallelStrategy):
                 self._fuse_offloaded_adam()
         self.setup_precision_plugin()
         if fitting and not self.offloads:
-            _optimizers_to_device(self.optimizers, self.root_device)
+            optimizers_to_device(self.optimizers, self.root_device)
 
     def _fuse_offloaded_adam(self) -> None:
         """Plain torch Adam/AdamW optimizers with no loop chosen (``foreach``/``fused``) become fused ones, their LR
