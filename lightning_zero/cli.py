@@ -29,7 +29,7 @@ from lightning.pytorch.strategies import Strategy
 
 import lightning_zero  # noqa: F401  (registers the presets before the Trainer is built)
 from lightning_zero import preflight
-from lightning_zero.checkpoint.resume import ExactResume
+from lightning_zero.checkpoint.resume import ExactResume, WeightsOnlyResume
 from lightning_zero.checkpoint.validate import check_checkpoint
 from lightning_zero.errors import LightningZeroError, ZeroConfigError
 from lightning_zero.parse_errors import as_config_error, explain, parse_error_line
@@ -123,7 +123,7 @@ def run_cli(args: Sequence[str] | None = None) -> ZeroCLI:
         subclass_mode_model=True,
         subclass_mode_data=True,
         save_config_kwargs={"overwrite": True},
-        trainer_defaults={"callbacks": [ExactResume()]},
+        trainer_defaults={"callbacks": [ExactResume(), WeightsOnlyResume()]},
         args=list(args) if args is not None else None,
     )
 

@@ -1,4 +1,5 @@
-"""Every named preset, in one table, and their registration with Lightning's strategy registry.
+"""The strategy behind each preset of :mod:`lightning_zero.preset_table`, and the presets' registration with
+Lightning's strategy registry.
 
 ``import lightning_zero`` registers them, so ``Trainer(strategy="zero3_offload")`` works; the CLI imports
 the package first, so short names work in YAML files without the user importing anything.
@@ -6,72 +7,25 @@ the package first, so short names work in YAML files without the user importing 
 
 from __future__ import annotations
 
-import difflib
 import functools
-from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
 
 from lightning.pytorch.strategies import StrategyRegistry
 from lightning.pytorch.utilities import rank_zero_warn
 
 from lightning_zero.errors import ZeroConfigError
+from lightning_zero.preset_table import PRESETS, Preset, did_you_mean, get_preset, preset_names
 
-
-@dataclass(frozen=True)
-class Preset:
-    """A strategy name and what it means: a backend and the fields of that backend's config dataclass."""
-
-    name: str
-    backend: str
-    description: str
-    fields: Mapping[str, Any]
-
-
-_CPU = "cpu"
-_NVME = "nvme"
-
-PRESETS: tuple[Preset, ...] = (
-    Preset("zero1", "deepspeed", "DeepSpeed ZeRO-1: optimizer state sharded", {"stage": 1}),
-    Preset("zero2", "deepspeed", "DeepSpeed ZeRO-2: optimizer state and gradients sharded", {"stage": 2}),
-    Preset(
-        "zero2_offload",
-        "deepspeed",
-        "DeepSpeed ZeRO-2, optimizer state and step on CPU",
-        {"stage": 2, "offload_optimizer": _CPU},
-    ),
-    Preset("zero3", "deepspeed", "DeepSpeed ZeRO-3: parameters, gradients and optimizer state sharded", {"stage": 3}),
-    Preset(
-        "zero3_offload",
-        "deepspeed",
-        "DeepSpeed ZeRO-3, parameters and optimizer on CPU",
-        {"stage": 3, "offload_optimizer": _CPU, "offload_parameters": _CPU},
-    ),
-    Preset(
-        "zero3_offload_nvme",
-        "deepspeed",
-        "DeepSpeed ZeRO-3, parameters and optimizer on NVMe (needs nvme_path)",
-        {"stage": 3, "offload_optimizer": _NVME, "offload_parameters": _NVME},
-    ),
-    Preset("zero1_fairscale", "fairscale", "FairScale ZeRO-1: OSS sharded optimizer with DDP", {"stage": 1}),
-    Preset(
-        "zero2_fairscale",
-        "fairscale",
-        "FairScale ZeRO-2: OSS sharded optimizer with ShardedDataParallel (gradients sharded)",
-        {"stage": 2},
-    ),
-    Preset("zero2_fsdp", "fsdp2", "PyTorch FSDP2 ZeRO-2: parameters gathered from forward to backward", {"stage": 2}),
-    Preset(
-        "zero3_fsdp", "fsdp2", "PyTorch FSDP2 ZeRO-3: parameters, gradients and optimizer state sharded", {"stage": 3}
-    ),
-    Preset(
-        "zero3_offload_fsdp",
-        "fsdp2",
-        "PyTorch FSDP2 ZeRO-3, parameters, gradients and optimizer step on CPU",
-        {"stage": 3, "offload_optimizer": _CPU, "offload_parameters": _CPU},
-    ),
-    Preset("zero_auto", "auto", "DeepSpeed ZeRO chosen by measurement for the memory budget (memory_budget_gib)", {}),
-)
+__all__ = [
+    "PRESETS",
+    "Preset",
+    "backend_class",
+    "build_preset",
+    "check_strategy_name",
+    "get_preset",
+    "preset_names",
+    "register_presets",
+]
 
 
 def backend_class(backend: str) -> type:
@@ -93,19 +47,6 @@ def backend_class(backend: str) -> type:
 
         return FSDP2Strategy
     raise ZeroConfigError(f"Unknown backend {backend!r}: use one of {sorted({p.backend for p in PRESETS})}.")
-
-
-def preset_names() -> list[str]:
-    """All preset names, in table order."""
-    return [preset.name for preset in PRESETS]
-
-
-def get_preset(name: str) -> Preset:
-    """The preset called ``name``, or a one-line error with the closest name."""
-    for preset in PRESETS:
-        if preset.name == name:
-            return preset
-    raise ZeroConfigError(f"Unknown preset {name!r}: {_suggestion(name, preset_names())}presets are {preset_names()}.")
 
 
 def register_presets(registry: Any = StrategyRegistry, backend: str | None = None) -> None:
@@ -136,16 +77,11 @@ def build_preset(name: str, **overrides: Any) -> Any:
     return backend_class(preset.backend)(zero={**preset.fields, **overrides})
 
 
-def _suggestion(name: str, names: list[str]) -> str:
-    close = difflib.get_close_matches(name, names, n=1)
-    return f"did you mean {close[0]!r}? " if close else ""
-
-
 def check_strategy_name(name: str) -> None:
     """Raise a one-line error with the closest name when ``name`` is neither a registered strategy nor ``"auto"``."""
     if name == "auto" or name in StrategyRegistry:
         return
     raise ZeroConfigError(
-        f"Unknown strategy {name!r}: {_suggestion(name, list(StrategyRegistry))}lightning-zero presets are"
+        f"Unknown strategy {name!r}: {did_you_mean(name, list(StrategyRegistry))}lightning-zero presets are"
         f" {preset_names()}."
     )

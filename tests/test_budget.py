@@ -91,3 +91,26 @@ def test_cuda_allocations_over_the_budget_fail() -> None:
         torch.empty(int(0.5 * GIB), dtype=torch.uint8, device=device)
     finally:
         torch.cuda.set_per_process_memory_fraction(1.0, device)
+
+
+def test_every_preset_has_the_layout_its_name_says() -> None:
+    from lightning_zero.memory.budget import preset_layout
+    from lightning_zero.preset_table import PRESETS
+
+    for preset in PRESETS:
+        if preset.backend != "auto":
+            assert preset_layout(preset).name == preset.name.replace("_nvme", ""), preset.name
+
+
+def test_escalation_goes_from_least_to_most_memory_saving() -> None:
+    from lightning_zero.memory.budget import escalation
+
+    assert [name for name, _ in escalation("deepspeed")] == [
+        "zero1",
+        "zero2",
+        "zero3",
+        "zero2_offload",
+        "zero3_offload",
+    ]
+    assert [name for name, _ in escalation("fairscale")] == ["zero1_fairscale", "zero2_fairscale", "zero3_offload"]
+    assert [name for name, _ in escalation("fsdp2")] == ["zero2_fsdp", "zero3_fsdp", "zero3_offload_fsdp"]

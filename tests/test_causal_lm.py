@@ -13,12 +13,14 @@ import json
 import math
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any, cast
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # also run as a worker script
 
 import pytest
 import torch
+from lightning.pytorch.strategies import ModelParallelStrategy
 from torch.utils.data import Dataset
 
 from lightning_zero.data.corpora import corpus_texts
@@ -111,7 +113,7 @@ def test_token_nll_matches_the_models_own_loss(cache_dir: str) -> None:
 
 
 @pytest.mark.parametrize("model", ["shape:tiny-llama", "shape:tiny-gpt2"])
-def test_the_task_computes_its_loss_in_chunks_by_default(model: str, cache_dir: str) -> None:
+def test_the_task_computes_its_loss_in_chunks_when_asked(model: str, cache_dir: str) -> None:
     task = CausalLMTask(model=model, tokenizer=TOKENIZER, tokenizer_cache_dir=cache_dir, loss_chunk_tokens=16)
     task.configure_model()
     assert task.model is not None and task.chunked_loss
@@ -121,9 +123,16 @@ def test_the_task_computes_its_loss_in_chunks_by_default(model: str, cache_dir: 
     torch.manual_seed(0)
     assert loss.item() == pytest.approx(task.model(input_ids=ids, labels=ids).loss.item(), abs=1e-6)
 
-    plain = CausalLMTask(model=model, tokenizer=TOKENIZER, tokenizer_cache_dir=cache_dir, loss_chunk_tokens=None)
+    plain = CausalLMTask(model=model, tokenizer=TOKENIZER, tokenizer_cache_dir=cache_dir)
     plain.configure_model()
-    assert not plain.chunked_loss
+    assert not plain.chunked_loss  # off by default: golden losses and FSDP runs keep the model's own logits
+
+
+def test_fsdp_refuses_the_chunked_loss_in_one_line(cache_dir: str) -> None:
+    task = CausalLMTask(tokenizer=TOKENIZER, tokenizer_cache_dir=cache_dir, loss_chunk_tokens=16)
+    task.trainer = cast(Any, SimpleNamespace(strategy=ModelParallelStrategy()))
+    with pytest.raises(ZeroConfigError, match="loss_chunk_tokens: null or use a DeepSpeed"):
+        task.setup("fit")
 
 
 def test_a_shape_takes_a_vocabulary_larger_than_its_tokenizer(cache_dir: str) -> None:

@@ -15,9 +15,8 @@ Lightning restores the model, optimizers, LR schedulers and loop counters, but o
 it for you). Skipped batches are read from the loader again, from the RNG state of the epoch's start (so the
 sampler order and DataLoader worker seeds are those of the interrupted epoch), but not trained on.
 
-Under a plain Lightning strategy (``ddp``...) it also lets the run resume from a lightning-zero checkpoint directory
-(DeepSpeed, FSDP2 sharded), weights-only (see :mod:`lightning_zero.checkpoint.weights_only`); after any
-weights-only resume it sets the fresh optimizer's learning rates to the restored schedulers' last ones.
+After a weights-only resume (see :mod:`lightning_zero.checkpoint.weights_only`) it sets the fresh optimizer's learning
+rates to the restored schedulers' last ones.
 """
 
 from __future__ import annotations
@@ -129,52 +128,82 @@ class _FastForward:
         return getattr(self.loader, name)
 
 
-class ExactResume(Callback):
-    """Resume exactly where a checkpoint was written: mid-epoch position, RNG states, epoch-end ``max_steps`` runs."""
+class RandomStates:
+    """Every rank's RNG states, at the save and at the start of the epoch it fell in; restored on resume."""
 
     def __init__(self) -> None:
-        self._epoch_start: dict[str, Any] | None = None
-        self._loaded: dict[str, Any] | None = None
+        self.epoch_start: dict[str, Any] | None = None
+        self.loaded: dict[str, Any] | None = None
+
+    def save(self, checkpoint: dict[str, Any]) -> None:
+        checkpoint[_KEY] = _gather({"now": rng_state(), "epoch_start": self.epoch_start or rng_state()})
+
+    def load(self, checkpoint: dict[str, Any], rank: int, world_size: int) -> None:
+        states = checkpoint.get(_KEY)
+        if states:
+            self.loaded = states[rank] if len(states) == world_size else states[0]
+
+
+def continue_mid_epoch(trainer: L.Trainer, states: dict[str, Any]) -> bool:
+    """Make the training loader skip the batches that the interrupted epoch trained, drawing them from the epoch's
+    starting RNG states; False (nothing done) unless the checkpoint was written inside an epoch."""
+    fit_loop = trainer.fit_loop
+    done = fit_loop.epoch_loop.batch_progress.current.ready  # batches trained in the interrupted epoch
+    mid_epoch = fit_loop.restarted_mid_epoch and 0 < done < trainer.num_training_batches
+    combined, fetcher = fit_loop._combined_loader, fit_loop._data_fetcher
+    if not mid_epoch or combined is None or fetcher is None:
+        return False
+    for loader in combined.flattened:  # Lightning sets the epoch after `on_train_start`, too late for us
+        set_sampler_epoch(loader, fit_loop.epoch_progress.current.processed)  # type: ignore[attr-defined]
+    combined.flattened = [
+        _FastForward(loader, done, states["epoch_start"], states["now"]) for loader in combined.flattened
+    ]
+    iter(fetcher)  # Lightning made the epoch's iterator already, over the loaders as they were
+    return True
+
+
+class ExactResume(Callback):
+    """Resume exactly where a checkpoint was written: mid-epoch position, RNG states, epoch-end ``max_steps`` runs,
+    and, after a weights-only resume, the scheduled learning rates.
+
+    Each is one piece: :class:`RandomStates`, :func:`continue_mid_epoch`, :func:`fix_epoch_end_loop_state` and
+    :func:`~lightning_zero.checkpoint.weights_only.scheduled_learning_rates`. To resume a lightning-zero sharded
+    checkpoint under a plain Lightning strategy, add
+    :class:`WeightsOnlyResume` as well.
+    """
+
+    def __init__(self) -> None:
+        self.random_states = RandomStates()
         self._learning_rates: list[list[float]] | None = None
 
-    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
-        strategy, io = trainer.strategy, trainer.strategy.checkpoint_io
-        # The lightning-zero strategies resume any checkpoint themselves.
-        if not isinstance(strategy, SafeCheckpoints) and not isinstance(io, ShardedCheckpointFallback):
-            strategy.checkpoint_io = ShardedCheckpointFallback(io)
-
     def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self._epoch_start = rng_state()
+        self.random_states.epoch_start = rng_state()
 
     def on_save_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict[str, Any]) -> None:
-        local = {"now": rng_state(), "epoch_start": self._epoch_start or rng_state()}
-        checkpoint[_KEY] = _gather(local)
+        self.random_states.save(checkpoint)
 
     def on_load_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict[str, Any]) -> None:
         if trainer.max_steps != -1 and "loops" in checkpoint:
             fix_epoch_end_loop_state(checkpoint["loops"])
         self._learning_rates = scheduled_learning_rates(checkpoint)
-        states = checkpoint.get(_KEY)
-        if states:
-            self._loaded = states[trainer.global_rank] if len(states) == trainer.world_size else states[0]
+        self.random_states.load(checkpoint, trainer.global_rank, trainer.world_size)
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if self._learning_rates is not None:
             set_learning_rates([config.scheduler for config in trainer.lr_scheduler_configs], self._learning_rates)
             self._learning_rates = None
-        loaded, self._loaded = self._loaded, None
-        if loaded is None:
-            return
-        fit_loop = trainer.fit_loop
-        done = fit_loop.epoch_loop.batch_progress.current.ready  # batches trained in the interrupted epoch
-        mid_epoch = fit_loop.restarted_mid_epoch and 0 < done < trainer.num_training_batches
-        combined, fetcher = fit_loop._combined_loader, fit_loop._data_fetcher
-        if not mid_epoch or combined is None or fetcher is None:
+        loaded, self.random_states.loaded = self.random_states.loaded, None
+        if loaded is not None and not continue_mid_epoch(trainer, loaded):
             set_rng_state(loaded["now"])
-            return
-        for loader in combined.flattened:  # Lightning sets the epoch after `on_train_start`, too late for us
-            set_sampler_epoch(loader, fit_loop.epoch_progress.current.processed)  # type: ignore[attr-defined]
-        combined.flattened = [
-            _FastForward(loader, done, loaded["epoch_start"], loaded["now"]) for loader in combined.flattened
-        ]
-        iter(fetcher)  # Lightning made the epoch's iterator already, over the loaders as they were
+
+
+class WeightsOnlyResume(Callback):
+    """Lets a plain Lightning strategy (``ddp``...) resume from a lightning-zero sharded checkpoint directory
+    (DeepSpeed, FSDP2), weights-only with one warning, by wrapping the strategy's ``CheckpointIO`` in
+    :class:`ShardedCheckpointFallback`. The lightning-zero strategies resume any checkpoint themselves: there it does
+    nothing. The ``lightning-zero`` CLI adds it."""
+
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        strategy, io = trainer.strategy, trainer.strategy.checkpoint_io
+        if not isinstance(strategy, SafeCheckpoints) and not isinstance(io, ShardedCheckpointFallback):
+            strategy.checkpoint_io = ShardedCheckpointFallback(io)

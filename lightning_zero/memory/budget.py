@@ -16,29 +16,35 @@ from torch import nn
 
 from lightning_zero.errors import ZeroConfigError
 from lightning_zero.memory.states import Layout, ModelStates, ParameterShapes, model_states
+from lightning_zero.preset_table import PRESETS, Preset
 
 GIB = 2**30
 
-#: Layouts a backend can switch to, least sharding and offload first, with the preset that names each.
-ESCALATION: dict[str, tuple[tuple[str, Layout], ...]] = {
-    "deepspeed": (
-        ("zero1", Layout("deepspeed", 1)),
-        ("zero2", Layout("deepspeed", 2)),
-        ("zero3", Layout("deepspeed", 3)),
-        ("zero2_offload", Layout("deepspeed", 2, offload_optimizer=True)),
-        ("zero3_offload", Layout("deepspeed", 3, offload_optimizer=True, offload_parameters=True)),
-    ),
-    "fairscale": (
-        ("zero1_fairscale", Layout("fairscale", 1)),
-        ("zero2_fairscale", Layout("fairscale", 2)),
-        ("zero3_offload", Layout("deepspeed", 3, offload_optimizer=True, offload_parameters=True)),
-    ),
-    "fsdp2": (
-        ("zero2_fsdp", Layout("fsdp2", 2)),
-        ("zero3_fsdp", Layout("fsdp2", 3)),
-        ("zero3_offload_fsdp", Layout("fsdp2", 3, offload_optimizer=True, offload_parameters=True)),
-    ),
-}
+
+def preset_layout(preset: Preset) -> Layout:
+    """The :class:`Layout` a preset's fields ask for (its backend's config defaults for the rest)."""
+    fields = preset.fields
+    return Layout(
+        backend=preset.backend,
+        stage=int(fields["stage"]),
+        offload_optimizer=fields.get("offload_optimizer", "none") != "none",
+        offload_parameters=fields.get("offload_parameters", "none") != "none",
+    )
+
+
+def _memory_saving(layout: Layout) -> tuple[int, int]:
+    return int(layout.offload_optimizer) + int(layout.offload_parameters), layout.stage
+
+
+def escalation(backend: str) -> list[tuple[str, Layout]]:
+    """The presets ``backend`` can switch to, least sharding and offload first; a backend with no CPU-offload
+    preset of its own ends with DeepSpeed's that offloads most. NVMe is left out (it needs a path)."""
+    presets = [preset for preset in PRESETS if preset.backend == backend and "nvme" not in preset.fields.values()]
+    own = sorted(((preset.name, preset_layout(preset)) for preset in presets), key=lambda item: _memory_saving(item[1]))
+    if own and not any(layout.offload_optimizer for _, layout in own):
+        deepspeed = escalation("deepspeed")
+        own.append(max(deepspeed, key=lambda item: _memory_saving(item[1])))
+    return own
 
 
 def readable_size(num_bytes: float) -> str:
@@ -79,7 +85,7 @@ def smallest_fitting(
     shapes: ParameterShapes, backend: str, budget_bytes: int, devices: int, nodes: int, precision: str
 ) -> tuple[str, ModelStates] | None:
     """The first preset of ``backend``'s escalation whose model states fit ``budget_bytes`` per device."""
-    for name, layout in ESCALATION.get(backend, ()):
+    for name, layout in escalation(backend):
         states = model_states(shapes, layout, devices, nodes, precision)
         if states.device_bytes <= budget_bytes:
             return name, states

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from lightning.pytorch.strategies import FSDPStrategy, ModelParallelStrategy
 from lightning.pytorch.utilities import rank_zero_info
 from torch import Tensor, nn
 from transformers import AutoModelForCausalLM
@@ -36,8 +37,9 @@ class CausalLMTask(LanguageTask):
             Llama 3 shape whose output layer should be the published model's; ``None``: the tokenizer's length.
         loss_chunk_tokens: Positions whose logits are computed at a time for the loss (each chunk recomputed in
             backward): the full ``[tokens, vocab]`` logits never exist. Same loss and gradients as the model's
-            own; applies to GPT-2, Llama, Mistral and Qwen 2/3 models, others use their own logits.
-            ``None``: always the model's own logits.
+            own, up to the order of float sums; applies to GPT-2, Llama, Mistral and Qwen 2/3 models, others use
+            their own logits. Not with FSDP strategies, which gather the output layer only inside the whole
+            model's forward. ``None`` (the default): the model's own logits.
     """
 
     auto_class = AutoModelForCausalLM
@@ -52,7 +54,7 @@ class CausalLMTask(LanguageTask):
         weight_decay: float = 0.0,
         warmup_ratio: float = 0.0,
         vocab_size: int | None = None,
-        loss_chunk_tokens: int | None = 1024,
+        loss_chunk_tokens: int | None = None,
     ) -> None:
         super().__init__()
         if vocab_size is not None and not is_shape(model):
@@ -64,6 +66,18 @@ class CausalLMTask(LanguageTask):
             )
         self.save_hyperparameters()
         self.chunked_loss = False
+
+    def setup(self, stage: str) -> None:
+        """Refuse the chunked loss under FSDP, before anything is built."""
+        super().setup(stage)
+        if self.hparams.get("loss_chunk_tokens") is not None and isinstance(
+            self.trainer.strategy, FSDPStrategy | ModelParallelStrategy
+        ):
+            raise ZeroConfigError(
+                f"`loss_chunk_tokens` does not work with {type(self.trainer.strategy).__name__} (FSDP gathers the"
+                " output layer only inside the whole model's forward): set model.init_args.loss_chunk_tokens: null"
+                " or use a DeepSpeed strategy."
+            )
 
     def build_network(self) -> nn.Module:
         """The causal LM (a shape gets the tokenizer's special ids, and its vocabulary unless ``vocab_size``)."""

@@ -43,7 +43,7 @@ from transformers import GPT2LMHeadModel
 
 import lightning_zero  # noqa: F401  (registers the presets)
 from lightning_zero.checkpoint import atomic
-from lightning_zero.checkpoint.resume import ExactResume
+from lightning_zero.checkpoint.resume import ExactResume, WeightsOnlyResume
 from tests.helpers.backend_runs import ShortEpochLM
 from tests.helpers.tiny import TinyLM, tiny_gpt2_config, token_data
 from tests.helpers.trainer import end_process_group, quiet_trainer
@@ -175,7 +175,7 @@ def cross(pair: str, args: argparse.Namespace, forget: bool = False) -> dict[str
     path = args.out / f"ckpt-plain-{source}" / f"epoch=1-step={2 * args.every}.ckpt"
     L.seed_everything(7, verbose=False)
     module = ShortEpochLM(batch_size=8)
-    callbacks = [ExactResume(), *([_ForgetOptimizerState()] if forget else [])]
+    callbacks = [ExactResume(), WeightsOnlyResume(), *([_ForgetOptimizerState()] if forget else [])]
     trainer = make_trainer(target, 1, args.steps, callbacks)
     trainer.fit(module, ckpt_path=str(path))
     return {
