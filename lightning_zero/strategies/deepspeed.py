@@ -41,6 +41,7 @@ from lightning_zero.strategies.deepspeed_config import (
     to_deepspeed_config,
     zero_config_of,
 )
+from lightning_zero.strategies.deepspeed_schema import check_deepspeed_config
 from lightning_zero.strategies.ops import wait_for_op
 from lightning_zero.strategies.watchdog import WatchedRanks
 
@@ -157,6 +158,7 @@ class DeepSpeedZeroStrategy(WatchedRanks, SafeCheckpoints, _DeepSpeedOnCpu):
             ds_config = to_deepspeed_config(self.zero)
         else:
             ds_config = load_deepspeed_config(deepspeed_config)
+            check_deepspeed_config(ds_config, deepspeed_config)
             self.zero = zero_config_of(ds_config)
         remote_device = self.zero.offload_parameters if self.zero.offload_parameters != "none" else None
         super().__init__(
