@@ -7,11 +7,13 @@ any rank starts, instead of a traceback from inside Lightning, DeepSpeed or a ra
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
-from lightning.pytorch.utilities import rank_zero_info
+from lightning.pytorch.strategies.launchers.subprocess_script import _SubprocessScriptLauncher
+from lightning.pytorch.utilities import GradClipAlgorithmType, rank_zero_info
 
 from lightning_zero.errors import ZeroConfigError
 from lightning_zero.hardware import cpu_precision
@@ -81,21 +83,68 @@ def check_model_sources(*modules: Any) -> None:
 
 
 def check_built_trainer(trainer: Any) -> None:
-    """Checks that need the built Trainer."""
+    """Checks that need the built Trainer: made by the CLI, and by :class:`PreflightLauncher` for a Trainer built
+    in Python."""
     from lightning.pytorch.accelerators import CPUAccelerator
     from lightning.pytorch.strategies import DeepSpeedStrategy
 
     from lightning_zero.strategies.deepspeed import ZeroStrategy
 
-    if trainer is None or not isinstance(trainer.accelerator, CPUAccelerator):
+    if trainer is None:
         return
     strategy = trainer.strategy
-    if isinstance(strategy, DeepSpeedStrategy) and not isinstance(strategy, ZeroStrategy):
+    if isinstance(trainer.accelerator, CPUAccelerator):
+        if isinstance(strategy, DeepSpeedStrategy) and not isinstance(strategy, ZeroStrategy):
+            raise ZeroConfigError(
+                "Lightning's own DeepSpeed strategies run only on CUDA GPUs: on CPU use a lightning-zero preset "
+                "(`--trainer.strategy zero2`, `zero3`, `zero2_offload`, ...; `lightning-zero strategies` lists them)."
+            )
+        check_strategy_precision(strategy, trainer.precision)
+    check_deepspeed_trainer(strategy, trainer)
+
+
+def check_deepspeed_trainer(strategy: Any, trainer: Any) -> None:
+    """What Lightning's DeepSpeed strategy, and ours, would refuse in every rank once started: clipping by value,
+    and a DeepSpeed config that contradicts the Trainer (accumulation, clipping, precision) or leaves an
+    ``"auto"`` that nothing fills."""
+    from lightning.pytorch.strategies import DeepSpeedStrategy
+
+    from lightning_zero.strategies.deepspeed import ZeroStrategy
+    from lightning_zero.strategies.deepspeed_config import AUTO, TrainerValues, resolve_auto
+
+    if not isinstance(strategy, DeepSpeedStrategy):
+        return
+    if trainer.gradient_clip_algorithm == GradClipAlgorithmType.VALUE:
         raise ZeroConfigError(
-            "Lightning's own DeepSpeed strategies run only on CUDA GPUs: on CPU use a lightning-zero preset "
-            "(`--trainer.strategy zero2`, `zero3`, `zero2_offload`, ...; `lightning-zero strategies` lists them)."
+            "DeepSpeed clips gradients only by norm, but `trainer.gradient_clip_algorithm` is 'value': set it to "
+            "'norm' (`--trainer.gradient_clip_algorithm norm`), or use a strategy other than DeepSpeed."
         )
-    check_strategy_precision(strategy, trainer.precision)
+    if isinstance(strategy, ZeroStrategy) and isinstance(strategy.config, dict):
+        # The batch size comes from the dataloader, built only in the ranks: an explicit one is taken as given.
+        micro_batch = strategy.config.get("train_micro_batch_size_per_gpu", AUTO)
+        values = TrainerValues(
+            micro_batch_size=micro_batch if isinstance(micro_batch, int) else 1,
+            accumulate_grad_batches=trainer.accumulate_grad_batches,
+            gradient_clip_val=trainer.gradient_clip_val,
+            precision=str(trainer.precision),
+        )
+        resolve_auto(strategy.config, values)
+
+
+class PreflightLauncher(_SubprocessScriptLauncher):
+    """Lightning's launcher of a script's ranks, which first runs :func:`check_built_trainer` on the Trainer, so
+    that a Trainer built in Python fails with one line before the other ranks start, as the CLI does."""
+
+    def launch(self, function: Callable[..., Any], *args: Any, trainer: Any = None, **kwargs: Any) -> Any:
+        check_built_trainer(trainer)
+        return super().launch(function, *args, trainer=trainer, **kwargs)
+
+
+def preflight_launcher(launcher: Any) -> Any:
+    """``launcher`` as a :class:`PreflightLauncher` when it starts a script's ranks; any other is kept."""
+    if type(launcher) is not _SubprocessScriptLauncher:
+        return launcher
+    return PreflightLauncher(launcher.cluster_environment, launcher.num_processes, launcher.num_nodes)
 
 
 def check_strategy_precision(strategy: Any, precision: Any) -> None:

@@ -28,6 +28,7 @@ from torchmetrics import Metric
 from lightning_zero.checkpoint.strategy import SafeCheckpoints
 from lightning_zero.errors import ZeroConfigError
 from lightning_zero.memory.budget import apply_memory_budget
+from lightning_zero.preflight import preflight_launcher
 from lightning_zero.strategies import cpu_adam
 from lightning_zero.strategies.blocks import prepare_blocks
 from lightning_zero.strategies.deepspeed_config import (
@@ -174,6 +175,10 @@ class DeepSpeedZeroStrategy(WatchedRanks, SafeCheckpoints, _DeepSpeedOnCpu):
             remote_device=remote_device,
         )
         self._transformers_zero3: Any = None
+
+    def _configure_launcher(self) -> None:
+        super()._configure_launcher()
+        self._launcher = preflight_launcher(self._launcher)
 
     def setup(self, trainer: Any) -> None:
         apply_memory_budget(self, "deepspeed")
