@@ -100,6 +100,10 @@ def cases(tmp_path: Path) -> dict[str, tuple[list[str], tuple[str, ...]]]:
             [*TINY, "--trainer.strategy", "zero3_offload", "--trainer.precision", "16-true"],
             ("fp16", "32-true"),
         ),
+        "precision-64-deepspeed": (
+            [*TINY, "--trainer.precision", "64-true"],
+            ("precision='64-true')` is not supported", "must be one of", "fix that Trainer option"),
+        ),
         "precision-unknown": ([*TINY, "--trainer.precision", "17"], ("`trainer.precision`", "17", "'bf16-mixed'")),
         "strategy-file-wrong-type": (
             [*TINY, "--trainer.strategy", ds(tmp_path, "strategy1.yaml", "  zero: {stage: three}\n")],
