@@ -6,9 +6,11 @@ every Union alternative it tried); the user needs the dotted key, the value and 
 
 from __future__ import annotations
 
+import argparse
 import re
 import traceback
 from dataclasses import dataclass
+from typing import NoReturn
 
 from lightning.fabric.utilities.exceptions import MisconfigurationException
 
@@ -165,3 +167,11 @@ def _chain(error: BaseException) -> list[BaseException]:
 def _raised_in_lightning_checks(error: BaseException) -> bool:
     frames = traceback.extract_tb(error.__traceback__)
     return bool(frames) and _LIGHTNING_CHECKS.search(frames[-1].filename.replace("\\", "/")) is not None
+
+
+class CommandParser(argparse.ArgumentParser):
+    """The argument parser of a lightning-zero command besides LightningCLI's (``prog`` is ``lightning-zero NAME``):
+    a bad option is one :class:`ZeroConfigError` line pointing to ``--help``, where argparse would add its usage."""
+
+    def error(self, message: str) -> NoReturn:
+        raise ZeroConfigError(f"{self.prog.removeprefix('lightning-zero ')}: {message}: see `{self.prog} --help`.")
