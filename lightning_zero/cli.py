@@ -5,6 +5,7 @@
     lightning-zero chat --checkpoint runs/chatbot/last.ckpt
     lightning-zero strategies
     lightning-zero build-ops
+    lightning-zero --help              (every command, a line each; ``lightning-zero COMMAND --help`` for one)
 
 ``--verbose`` anywhere keeps the library warnings that are silenced by default (see :mod:`lightning_zero.quiet`).
 

@@ -172,6 +172,12 @@ def test_a_section_nothing_like_any_points_to_the_reference() -> None:
         ("zero_optimization", {"stage": "three"}, "bad value 'three' for `zero_optimization.stage`: Input should be"),
         ("zero_optimization", {"stage": 2, "reduce_bucket_size": -1}, "`zero_optimization.reduce_bucket_size`"),
         ("zero_optimization", "yes", "DeepSpeed refuses section `zero_optimization`: "),
+        (
+            "zero_optimization",
+            {"stage": 2, "offload_optimizer": {"device": "cpu", "ratio": 0.5}},
+            "DeepSpeed refuses section `zero_optimization`: Assertion failed, Partial offloading only supported for"
+            " ZeRO Stage 3.",
+        ),
         ("amp", {"enabled": True}, "DeepSpeed refuses section `amp`: NVIDIA Apex AMP integration has been removed."),
     ],
     ids=[
@@ -182,6 +188,7 @@ def test_a_section_nothing_like_any_points_to_the_reference() -> None:
         "stage-word",
         "negative-bucket",
         "not-a-mapping",
+        "across-keys",
         "removed",
     ],
 )

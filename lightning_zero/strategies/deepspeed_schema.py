@@ -102,6 +102,7 @@ def _parse_section(section: str, value: Any, name: str) -> set[str]:
 
 @functools.cache
 def _parse_only_class() -> type:
+    """DeepSpeed's config parser class, defined on first use: importing DeepSpeed takes seconds."""
     from deepspeed.runtime.config import DeepSpeedConfig
 
     class ParseOnly(DeepSpeedConfig):
@@ -127,7 +128,10 @@ def _pydantic_reason(section: str, error: pydantic.ValidationError) -> str:
     if first["type"] == "extra_forbidden":
         names = _field_names(_model_named(error.title), location[:-1])
         return f"unknown key `{dotted}`: {_did_you_mean(location[-1], names)}"
-    return f"bad value {first['input']!r} for `{dotted}`: {first['msg']}."
+    reason = first["msg"].rstrip(".")
+    if not location:  # a check across the section's keys: the input is the whole section
+        return f"DeepSpeed refuses section `{section}`: {reason}."
+    return f"bad value {first['input']!r} for `{dotted}`: {reason}."
 
 
 def _model_named(title: str) -> type[pydantic.BaseModel] | None:
