@@ -15,26 +15,19 @@ import sys
 import tempfile
 from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Any, NoReturn, TextIO
+from typing import Any, TextIO
 
 import torch
 
 from lightning_zero.data.dialog import format_source
 from lightning_zero.data.tokenizers import SPEAKER_TOKENS
-from lightning_zero.errors import ZeroConfigError
+from lightning_zero.errors import CommandParser, ZeroConfigError
 from lightning_zero.tasks.seq2seq import Seq2SeqTask
-
-
-class _ChatArgumentParser(argparse.ArgumentParser):
-    """Bad options end as one ``error:`` line through :class:`ZeroConfigError` (argparse would add its usage)."""
-
-    def error(self, message: str) -> NoReturn:
-        raise ZeroConfigError(f"chat: {message}: see `lightning-zero chat --help`.")
 
 
 def build_parser() -> argparse.ArgumentParser:
     """The ``chat`` command's options."""
-    parser = _ChatArgumentParser(prog="lightning-zero chat", description="Chat with a trained seq2seq chatbot.")
+    parser = CommandParser(prog="lightning-zero chat", description="Chat with a trained seq2seq chatbot.")
     parser.add_argument("--checkpoint", required=True, help="a .ckpt file or a DeepSpeed checkpoint directory")
     parser.add_argument("--max-turns", type=int, default=None, help="stop after this many replies (default: at EOF)")
     parser.add_argument("--num-beams", type=int, default=None, help="beam width (default: the model's num_beams)")

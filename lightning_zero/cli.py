@@ -5,6 +5,7 @@
     lightning-zero chat --checkpoint runs/chatbot/last.ckpt
     lightning-zero strategies
     lightning-zero build-ops
+    lightning-zero --help              (every command, a line each; ``lightning-zero COMMAND --help`` for one)
 
 ``--verbose`` anywhere keeps the library warnings that are silenced by default (see :mod:`lightning_zero.quiet`).
 
@@ -14,15 +15,18 @@ Bad configuration ends with one ``error:`` line that names the fix, not a traceb
 
 from __future__ import annotations
 
+import argparse
+import difflib
 import importlib
 import sys
-from argparse import ArgumentError
+from argparse import ArgumentError, RawDescriptionHelpFormatter
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import yaml
-from jsonargparse import ArgumentParser
+from jsonargparse import ArgumentParser, DefaultHelpFormatter
 from lightning.fabric.utilities.exceptions import MisconfigurationException
 from lightning.pytorch.cli import LightningCLI
 from lightning.pytorch.strategies import Strategy
@@ -31,7 +35,7 @@ import lightning_zero  # noqa: F401  (registers the presets before the Trainer i
 from lightning_zero import preflight
 from lightning_zero.checkpoint.resume import ExactResume, WeightsOnlyResume
 from lightning_zero.checkpoint.validate import check_checkpoint
-from lightning_zero.errors import LightningZeroError, ZeroConfigError
+from lightning_zero.errors import CommandParser, LightningZeroError, ZeroConfigError
 from lightning_zero.parse_errors import as_config_error, explain, parse_error_line
 from lightning_zero.presets import PRESETS, check_strategy_name
 from lightning_zero.quiet import quiet_libraries
@@ -117,12 +121,24 @@ def _why_not_a_strategy(path: str) -> str:
     return "not a strategy name, nor a class_path + init_args file."
 
 
+#: The first lines of ``lightning-zero --help``.
+DESCRIPTION = (
+    "ZeRO sharding and CPU offload for PyTorch Lightning.\n"
+    "Commands: fit, validate, test, predict (below), and the others listed at the end."
+)
+
+
+class _HelpFormatter(RawDescriptionHelpFormatter, DefaultHelpFormatter):
+    """jsonargparse's help, keeping the line breaks of the list of commands that ends it."""
+
+
 def run_cli(args: Sequence[str] | None = None) -> ZeroCLI:
     """Parse ``args`` (``sys.argv`` by default) and run the subcommand."""
     return ZeroCLI(
         subclass_mode_model=True,
         subclass_mode_data=True,
         save_config_kwargs={"overwrite": True},
+        parser_kwargs={"description": DESCRIPTION, "epilog": commands_help(), "formatter_class": _HelpFormatter},
         trainer_defaults={"callbacks": [ExactResume(), WeightsOnlyResume()]},
         args=list(args) if args is not None else None,
     )
@@ -134,25 +150,53 @@ def list_strategies() -> str:
     return "\n".join(f"{preset.name:<{width}}  {preset.backend:<9}  {preset.description}" for preset in PRESETS)
 
 
-#: Subcommands that are not LightningCLI's: name -> ``module:function`` taking the remaining arguments and
-#: returning an exit status. Imported only when used.
+@dataclass(frozen=True)
+class Command:
+    """A command besides LightningCLI's, imported only when used: each is ``module:function``."""
+
+    #: Takes the remaining arguments; returns the exit status.
+    run: str
+    #: Returns the command's argument parser, whose description is the command's line in ``lightning-zero --help``.
+    parser: str
+
+
+#: The commands besides LightningCLI's (fit, validate, test, predict).
 SUBCOMMANDS = {
-    "strategies": "lightning_zero.cli:strategies_command",
-    "build-ops": "lightning_zero.cli:build_ops_command",
-    "chat": "lightning_zero.chat:main",
-    "plan": "lightning_zero.plan_command:main",
-    "consolidate": "lightning_zero.checkpoint.consolidate:main",
+    "plan": Command("lightning_zero.plan_command:main", "lightning_zero.plan_command:build_parser"),
+    "consolidate": Command(
+        "lightning_zero.checkpoint.consolidate:main", "lightning_zero.checkpoint.consolidate:build_parser"
+    ),
+    "strategies": Command("lightning_zero.cli:strategies_command", "lightning_zero.cli:strategies_parser"),
+    "chat": Command("lightning_zero.chat:main", "lightning_zero.chat:build_parser"),
+    "build-ops": Command("lightning_zero.cli:build_ops_command", "lightning_zero.cli:build_ops_parser"),
 }
+
+
+def strategies_parser() -> argparse.ArgumentParser:
+    """The ``strategies`` command's parser (no options)."""
+    return CommandParser(
+        prog="lightning-zero strategies", description="List the strategy presets: name, backend and what each does."
+    )
 
 
 def strategies_command(argv: Sequence[str]) -> int:
     """``lightning-zero strategies``: print the preset table."""
+    strategies_parser().parse_args(list(argv))
     print(list_strategies())
     return 0
 
 
+def build_ops_parser() -> argparse.ArgumentParser:
+    """The ``build-ops`` command's parser (no options)."""
+    return CommandParser(
+        prog="lightning-zero build-ops",
+        description="Compile DeepSpeed's CPU ops (CPU Adam, shared memory) now instead of in the first run.",
+    )
+
+
 def build_ops_command(argv: Sequence[str]) -> int:
     """``lightning-zero build-ops``: compile DeepSpeed's CPU ops now, not in the first run."""
+    build_ops_parser().parse_args(list(argv))
     from lightning_zero.runtime.ops import build_cpu_ops
 
     failures = build_cpu_ops()
@@ -161,9 +205,29 @@ def build_ops_command(argv: Sequence[str]) -> int:
     return 1 if failures else 0
 
 
-def _subcommand(name: str) -> Any:
-    module_name, function = SUBCOMMANDS[name].split(":")
+def _load(target: str) -> Any:
+    module_name, function = target.split(":")
     return getattr(importlib.import_module(module_name), function)
+
+
+def commands_help() -> str:
+    """The end of ``lightning-zero --help``: each command besides LightningCLI's, described by its own parser."""
+    width = max(len(name) for name in SUBCOMMANDS)
+    lines = [f"  {name:<{width}}  {_load(command.parser)().description}" for name, command in SUBCOMMANDS.items()]
+    return "\n".join(["other commands (`lightning-zero COMMAND --help` describes each):", *lines])
+
+
+def check_command(argv: Sequence[str]) -> None:
+    """Raise when ``argv`` names no command, or one that does not exist (LightningCLI knows only its own)."""
+    commands = [*ZeroCLI.subcommands(), *SUBCOMMANDS]
+    if not argv:
+        raise ZeroConfigError(f"No command given: use one of {', '.join(commands)} (`lightning-zero --help`).")
+    name = argv[0]
+    if name.startswith("-") or name in commands:
+        return
+    close = difflib.get_close_matches(name, commands, n=1)
+    guess = f"did you mean {close[0]!r}? " if close else ""
+    raise ZeroConfigError(f"Unknown command {name!r}: {guess}The commands are {', '.join(commands)} (`--help`).")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -173,8 +237,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = [arg for arg in argv if arg != "--verbose"]
     try:
         with quiet_libraries(verbose):
-            if argv[:1] and argv[0] in SUBCOMMANDS:
-                status: int = _subcommand(argv[0])(argv[1:])
+            check_command(argv)
+            if argv[0] in SUBCOMMANDS:
+                status: int = _load(SUBCOMMANDS[argv[0]].run)(argv[1:])
                 return status
             run_cli(argv)
     except LightningZeroError as error:

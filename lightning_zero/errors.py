@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import argparse
+from typing import NoReturn
+
 from lightning.fabric.utilities.exceptions import MisconfigurationException
 
 
@@ -19,3 +22,11 @@ class ZeroConfigError(LightningZeroError):
 
 class ZeroDataError(LightningZeroError):
     """Bad or unusable data: a missing or malformed data file, a missing column or split, too little data."""
+
+
+class CommandParser(argparse.ArgumentParser):
+    """The argument parser of a lightning-zero command besides LightningCLI's (``prog`` is ``lightning-zero NAME``):
+    a bad option is one :class:`ZeroConfigError` line pointing to ``--help``, where argparse would add its usage."""
+
+    def error(self, message: str) -> NoReturn:
+        raise ZeroConfigError(f"{self.prog.removeprefix('lightning-zero ')}: {message}: see `{self.prog} --help`.")

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from lightning.fabric.utilities.init import _materialize_distributed_module
+from lightning.pytorch.strategies.launchers.subprocess_script import _SubprocessScriptLauncher
 from torch import nn
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
     CheckpointImpl,
@@ -23,6 +24,7 @@ from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
 __all__ = [
     "RELIED_ON",
     "CheckpointImpl",
+    "SubprocessScriptLauncher",
     "apply_activation_checkpointing",
     "checkpoint_wrapper",
     "extension_build_directory",
@@ -69,6 +71,13 @@ RELIED_ON: dict[str, str] = {
     "lightning.pytorch.strategies.deepspeed.DeepSpeedStrategy._format_config": (
         "the config comes from our typed dataclass; Lightning's formatting would re-add its own defaults"
     ),
+    "lightning.pytorch.strategies.launchers.subprocess_script._SubprocessScriptLauncher.launch": (
+        "checks in the launching process before the other ranks start (Lightning has no hook between the Trainer's"
+        " entry point and the launch)"
+    ),
+    "lightning.pytorch.strategies.ddp.DDPStrategy._configure_launcher": (
+        "installs that launcher for ZeroStrategy (DeepSpeedStrategy inherits it from DDPStrategy)"
+    ),
     "lightning.pytorch.strategies.ddp.DDPStrategy.setup": (
         "copied by FairScaleStrategy.setup: ShardedDataParallel needs the optimizers before the model is wrapped"
     ),
@@ -107,3 +116,4 @@ def set_cuda_allocator_settings(settings: str) -> None:
 
 
 materialize_meta_module: Callable[[nn.Module, Any], None] = _materialize_distributed_module
+SubprocessScriptLauncher = _SubprocessScriptLauncher

@@ -131,7 +131,9 @@ def parse_error_line(message: str) -> str:
 
 _UNION_MARKERS = ("Does not validate against any of the Union subtypes", "Problem with given class_path")
 #: Where Lightning checks the Trainer's arguments: its errors there are about the user's input.
-_LIGHTNING_CHECKS = re.compile(r"lightning/(pytorch|fabric)/(trainer|accelerators|connector\.py|utilities/imports)")
+_LIGHTNING_CHECKS = re.compile(
+    r"lightning/(pytorch|fabric)/(trainer|accelerators|connector\.py|utilities/imports|plugins/precision)"
+)
 
 
 def as_config_error(error: BaseException) -> LightningZeroError | None:

@@ -119,15 +119,24 @@ def _positive(kind: type) -> Any:
     return parse
 
 
-def main(argv: Sequence[str]) -> int:
-    """``lightning-zero plan``: print the table for a config; exit status 0."""
+def build_parser() -> argparse.ArgumentParser:
+    """The ``plan`` command's options."""
     parser = argparse.ArgumentParser(
-        prog="lightning-zero plan", description=__doc__.splitlines()[0], exit_on_error=False, allow_abbrev=False
+        prog="lightning-zero plan",
+        description="Which strategies and batch sizes fit a config's model and data in this machine's memory.",
+        exit_on_error=False,
+        allow_abbrev=False,
     )
     parser.add_argument("--config", help="a fit YAML config (model and data are built from it)")
     parser.add_argument("--budget-gib", type=_positive(float), help="memory per device; default: config or device")
     parser.add_argument("--devices", type=_positive(int), help="devices per node; default: the config's")
     parser.add_argument("--nodes", type=_positive(int), help="nodes; default: the config's")
+    return parser
+
+
+def main(argv: Sequence[str]) -> int:
+    """``lightning-zero plan``: print the table for a config; exit status 0."""
+    parser = build_parser()
     try:
         args, unknown = parser.parse_known_args(list(argv))
     except argparse.ArgumentError as error:

@@ -15,8 +15,8 @@ from lightning.pytorch.utilities import rank_zero_info
 
 from lightning_zero.errors import ZeroConfigError
 from lightning_zero.hardware import cpu_precision
+from lightning_zero.strategies.launch_checks import check_deepspeed_trainer, check_strategy_precision
 
-_FP16 = {"16", "16-mixed", "16-true", "fp16"}
 _DEVICES_TEXT = re.compile(r"auto|-1|\d+|\d+(\s*,\s*\d+)*,?")
 
 
@@ -81,32 +81,25 @@ def check_model_sources(*modules: Any) -> None:
 
 
 def check_built_trainer(trainer: Any) -> None:
-    """Checks that need the built Trainer."""
+    """Checks that need the built Trainer, made by the CLI (:class:`~lightning_zero.strategies.launch_checks.
+    PreflightLauncher` makes the DeepSpeed ones for a Trainer built in Python)."""
     from lightning.pytorch.accelerators import CPUAccelerator
     from lightning.pytorch.strategies import DeepSpeedStrategy
 
     from lightning_zero.strategies.deepspeed import ZeroStrategy
 
-    if trainer is None or not isinstance(trainer.accelerator, CPUAccelerator):
+    if trainer is None:
         return
     strategy = trainer.strategy
-    if isinstance(strategy, DeepSpeedStrategy) and not isinstance(strategy, ZeroStrategy):
-        raise ZeroConfigError(
-            "Lightning's own DeepSpeed strategies run only on CUDA GPUs: on CPU use a lightning-zero preset "
-            "(`--trainer.strategy zero2`, `zero3`, `zero2_offload`, ...; `lightning-zero strategies` lists them)."
-        )
-    check_strategy_precision(strategy, trainer.precision)
-
-
-def check_strategy_precision(strategy: Any, precision: Any) -> None:
-    """DeepSpeed refuses fp16 on CPU, but only from rank 0 after start-up: say so before launching (CPU runs)."""
-    from lightning.pytorch.strategies import DeepSpeedStrategy
-
-    if isinstance(strategy, DeepSpeedStrategy) and str(precision) in _FP16:
-        raise ZeroConfigError(
-            f"Precision {precision!r} is fp16, which DeepSpeed does not support on CPU: "
-            "use `--trainer.precision bf16-mixed` or `32-true` there (fp16 is for GPUs)."
-        )
+    if isinstance(trainer.accelerator, CPUAccelerator):
+        if isinstance(strategy, DeepSpeedStrategy) and not isinstance(strategy, ZeroStrategy):
+            raise ZeroConfigError(
+                "Lightning's own DeepSpeed strategies run only on CUDA GPUs: on CPU use a lightning-zero preset "
+                "(`--trainer.strategy zero2`, `zero3`, `zero2_offload`, ...; `lightning-zero strategies` lists them)."
+            )
+        check_strategy_precision(strategy, trainer.precision)
+    if isinstance(strategy, DeepSpeedStrategy):
+        check_deepspeed_trainer(strategy.config if isinstance(strategy, ZeroStrategy) else None, trainer)
 
 
 def _check_devices(devices: Any) -> None:

@@ -17,10 +17,14 @@ from contextlib import AbstractContextManager
 from pathlib import Path
 
 import pytest
+from lightning.pytorch import Trainer
+from lightning.pytorch.demos.boring_classes import BoringModel
 from lightning.pytorch.strategies.launchers.subprocess_script import _SubprocessScriptLauncher
 
 from lightning_zero.cli import main
+from lightning_zero.errors import ZeroConfigError
 from lightning_zero.quiet import quiet_libraries
+from lightning_zero.strategies.deepspeed import ZeroStrategy
 from tests.helpers.launch import REPO
 
 TINY = ["fit", "--config", str(REPO / "tests" / "data" / "cli_tiny.yaml")]
@@ -75,6 +79,9 @@ def cases(tmp_path: Path) -> dict[str, tuple[list[str], tuple[str, ...]]]:
     bad_json = write(tmp_path, "bad.json", '{"train_micro_batch_size_per_gpu": \n')
     rows = write(tmp_path, "rows.json", '"just a string"')
     labels = write(tmp_path, "labels.csv", "text,label\nfine,1\n")
+    section_typo = write(tmp_path, "ds-section.json", '{"zero_optimisation": {"stage": 3}}')
+    key_typo = write(tmp_path, "ds-key.yaml", "zero_optimization:\n  stage: 3\n  stage3_prefetch_bucket_sizee: 1\n")
+    accumulation = write(tmp_path, "ds-accumulation.json", '{"gradient_accumulation_steps": 4}')
     return {
         "devices-0": ([*TINY, "--trainer.devices", "0"], ("`trainer.devices` is '0'", "at least 1")),
         "devices-negative": ([*TINY, "--trainer.devices", "-3"], ("`trainer.devices` is '-3'", "-1 for all")),
@@ -88,6 +95,10 @@ def cases(tmp_path: Path) -> dict[str, tuple[list[str], tuple[str, ...]]]:
         "fp16-true-offload-cpu": (
             [*TINY, "--trainer.strategy", "zero3_offload", "--trainer.precision", "16-true"],
             ("fp16", "32-true"),
+        ),
+        "precision-64-deepspeed": (
+            [*TINY, "--trainer.precision", "64-true"],
+            ("precision='64-true')` is not supported", "must be one of", "fix that Trainer option"),
         ),
         "precision-unknown": ([*TINY, "--trainer.precision", "17"], ("`trainer.precision`", "17", "'bf16-mixed'")),
         "strategy-file-wrong-type": (
@@ -134,6 +145,22 @@ def cases(tmp_path: Path) -> dict[str, tuple[list[str], tuple[str, ...]]]:
             [*TINY, "--trainer.strategy", ds(tmp_path, "strategy6.yaml", f"  deepspeed_config: {bad_json}\n")],
             ("not valid JSON", "fix the file"),
         ),
+        "deepspeed-config-unknown-section": (
+            [*TINY, "--trainer.strategy", ds(tmp_path, "strategy9.yaml", f"  deepspeed_config: {section_typo}\n")],
+            ("ds-section.json': unknown section `zero_optimisation`", "did you mean `zero_optimization`?"),
+        ),
+        "deepspeed-config-unknown-key": (
+            [*TINY, "--trainer.strategy", ds(tmp_path, "strategy10.yaml", f"  deepspeed_config: {key_typo}\n")],
+            ("`zero_optimization.stage3_prefetch_bucket_sizee`", "did you mean `stage3_prefetch_bucket_size`?"),
+        ),
+        "deepspeed-config-contradicts-trainer": (
+            [*TINY, "--trainer.strategy", ds(tmp_path, "strategy11.yaml", f"  deepspeed_config: {accumulation}\n")],
+            ("`gradient_accumulation_steps: 4`", "`accumulate_grad_batches=1`", "make them agree"),
+        ),
+        "deepspeed-clip-by-value": (
+            [*TINY, "--trainer.gradient_clip_val=1.0", "--trainer.gradient_clip_algorithm=value"],
+            ("clips gradients only by norm", "`--trainer.gradient_clip_algorithm norm`"),
+        ),
         "strategy-name-typo": (
             [*TINY, "--trainer.strategy", "zreo2"],
             ("error: Unknown strategy 'zreo2': did you mean 'zero2'?",),
@@ -169,8 +196,13 @@ def cases(tmp_path: Path) -> dict[str, tuple[list[str], tuple[str, ...]]]:
         "clip-negative": ([*TINY, "--trainer.gradient_clip_val", "-1"], ("gradient_clip_val", "0 or more")),
         "clip-algorithm": ([*TINY, "--trainer.gradient_clip_algorithm", "foo"], ("foo", "'norm'")),
         "callback-unknown-class": ([*TINY, "--trainer.callbacks", "no.such.Callback"], ("`trainer.callbacks`",)),
-        "subcommand-typo": (["fitt"], ("'fitt'", "choose from 'fit'")),
-        "no-arguments": ([], ("subcommand", "fit")),
+        "subcommand-typo": (["fitt"], ("Unknown command 'fitt'", "did you mean 'fit'?")),
+        "command-typo": (["consolidat", "x.ckpt"], ("'consolidat'", "did you mean 'consolidate'?", "build-ops")),
+        "no-arguments": ([], ("No command given", "fit, validate", "build-ops", "--help")),
+        "strategies-unknown-option": (["strategies", "--all"], ("--all", "lightning-zero strategies --help")),
+        "build-ops-unknown-option": (["build-ops", "now"], ("unrecognized arguments: now", "build-ops --help")),
+        "consolidate-no-checkpoint": (["consolidate"], ("required: checkpoint", "lightning-zero consolidate --help")),
+        "consolidate-no-output": (["consolidate", "x.ckpt"], ("give OUT, --hf-dir, or both",)),
         "model-name-unknown": (
             [*QUICKSTART, "--model.init_args.model", "no-such-org/no-such-model"],
             ("'no-such-org/no-such-model'", "check the name"),
@@ -238,14 +270,11 @@ def test_there_are_at_least_40_cases() -> None:
     assert len(CASE_IDS) >= 40
 
 
-@pytest.mark.parametrize(
-    ("args", "fragment"),
-    [(["--trainer.precision", "16-mixed"], "DeepSpeed does not support on CPU")],
-    ids=["fp16-deepspeed-cpu"],
-)
-def test_a_real_process_ends_at_once_without_a_traceback(args: list[str], fragment: str) -> None:
+@pytest.mark.parametrize("case", ["fp16-deepspeed-cpu", "deepspeed-clip-by-value", "deepspeed-config-unknown-section"])
+def test_a_real_process_ends_at_once_without_a_traceback(case: str, tmp_path: Path) -> None:
+    argv, fragments = cases(tmp_path)[case]
     result = subprocess.run(
-        [sys.executable, str(REPO / "main.py"), *TINY, *args],
+        [sys.executable, str(REPO / "main.py"), *argv],
         cwd=REPO,
         capture_output=True,
         text=True,
@@ -255,8 +284,32 @@ def test_a_real_process_ends_at_once_without_a_traceback(args: list[str], fragme
     assert result.returncode == 2, result.stderr[-2000:]
     assert "Traceback" not in result.stderr and "Warning" not in result.stderr, result.stderr[-2000:]
     errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
-    assert len(errors) == 1 and fragment in errors[0], result.stderr[-2000:]
+    assert len(errors) == 1 and all(fragment in errors[0] for fragment in fragments), result.stderr[-2000:]
     assert result.stderr.strip().splitlines()[-1] == errors[0]
+
+
+@pytest.mark.parametrize(
+    ("trainer_args", "deepspeed_config", "fragment"),
+    [
+        ({"gradient_clip_val": 1.0, "gradient_clip_algorithm": "value"}, None, "clips gradients only by norm"),
+        ({"precision": "16-mixed"}, None, "fp16, which DeepSpeed does not support on CPU"),
+        ({"gradient_clip_val": 1.0}, {"gradient_clipping": 0.5}, "`gradient_clipping: 0.5` but the Trainer has"),
+        ({}, {"zero_optimization": {"stage": 2, "reduce_bucket_size": "auto"}}, "cannot be inferred"),
+    ],
+    ids=["clip-by-value", "fp16-on-cpu", "config-contradicts-trainer", "auto-nothing-fills"],
+)
+def test_a_trainer_built_in_python_is_checked_before_the_ranks_start(
+    trainer_args: dict[str, object], deepspeed_config: dict[str, object] | None, fragment: str
+) -> None:
+    trainer = Trainer(
+        accelerator="cpu",
+        devices=2,
+        strategy=ZeroStrategy(deepspeed_config=deepspeed_config),
+        **{"precision": "32-true", "logger": False, "enable_checkpointing": False, **trainer_args},  # type: ignore[arg-type]
+    )
+    with pytest.raises(ZeroConfigError) as caught:
+        trainer.fit(BoringModel())
+    assert fragment in str(caught.value)
 
 
 # --- quiet by default -----------------------------------------------------------------------------------------------

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from lightning_zero.cli import ZeroCLI, list_strategies, main
+from lightning_zero.cli import SUBCOMMANDS, ZeroCLI, list_strategies, main
 from tests.helpers.launch import REPO, run_script
 
 # configs/backend_switch.yaml is a `zero` fragment shared by three strategies (tests/test_backend_switch.py
@@ -61,6 +61,29 @@ def test_strategies_lists_every_preset(capsys: pytest.CaptureFixture[str]) -> No
     listed = capsys.readouterr().out
     assert listed == list_strategies() + "\n"
     assert "zero3_offload" in listed and "deepspeed" in listed
+
+
+COMMANDS = [*ZeroCLI.subcommands(), *SUBCOMMANDS]
+
+
+def help_text(capsys: pytest.CaptureFixture[str], argv: list[str]) -> str:
+    with pytest.raises(SystemExit) as exited:
+        main(argv)
+    assert exited.value.code == 0
+    return capsys.readouterr().out
+
+
+def test_help_lists_every_command_with_a_line_each(capsys: pytest.CaptureFixture[str]) -> None:
+    text = help_text(capsys, ["--help"])
+    for name in COMMANDS:
+        assert re.search(rf"^ +{re.escape(name)} +[A-Z]\w+", text, re.MULTILINE), name
+    assert {"plan", "consolidate", "chat", "strategies", "build-ops"} <= set(COMMANDS)
+
+
+@pytest.mark.parametrize("name", COMMANDS)
+def test_every_command_has_its_own_help(name: str, capsys: pytest.CaptureFixture[str]) -> None:
+    usage = help_text(capsys, [name, "--help"]).splitlines()[0]
+    assert usage.startswith("usage:") and f" {name} " in f"{usage} ", usage
 
 
 def test_quickstart_runs_a_few_steps(tmp_path: Path) -> None:

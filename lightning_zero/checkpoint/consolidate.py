@@ -27,7 +27,7 @@ import torch
 from lightning_zero.checkpoint.atomic import partial_path, publish, remove_path
 from lightning_zero.checkpoint.hf import HF_KEY, write_hf_dir
 from lightning_zero.checkpoint.validate import DCP_METADATA, DEEPSPEED_TAG_FILE, check_checkpoint
-from lightning_zero.errors import ZeroConfigError
+from lightning_zero.errors import CommandParser, ZeroConfigError
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 SUFFIXES = (".safetensors", ".pt")
@@ -139,13 +139,22 @@ def _unshared(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return result
 
 
-def main(argv: Sequence[str]) -> int:
-    """``lightning-zero consolidate CKPT OUT [--dtype fp32|bf16|fp16] [--hf-dir DIR]``."""
-    parser = argparse.ArgumentParser(prog="lightning-zero consolidate", description=__doc__.splitlines()[0])
+def build_parser() -> argparse.ArgumentParser:
+    """The ``consolidate`` command's options."""
+    parser = CommandParser(
+        prog="lightning-zero consolidate",
+        description="One full state dict from any lightning-zero checkpoint (safetensors, torch, Hugging Face).",
+    )
     parser.add_argument("checkpoint", help="a checkpoint file or directory that a Trainer saved")
     parser.add_argument("out", nargs="?", help="OUT.safetensors or OUT.pt")
     parser.add_argument("--dtype", choices=list(DTYPES), default="fp32")
     parser.add_argument("--hf-dir", help="also write a Hugging Face save_pretrained folder here")
+    return parser
+
+
+def main(argv: Sequence[str]) -> int:
+    """``lightning-zero consolidate CKPT OUT [--dtype fp32|bf16|fp16] [--hf-dir DIR]``."""
+    parser = build_parser()
     args = parser.parse_args(list(argv))
     if args.out is None and args.hf_dir is None:
         parser.error("give OUT, --hf-dir, or both")

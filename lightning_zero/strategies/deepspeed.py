@@ -43,6 +43,8 @@ from lightning_zero.strategies.deepspeed_config import (
     to_deepspeed_config,
     zero_config_of,
 )
+from lightning_zero.strategies.deepspeed_schema import check_deepspeed_config
+from lightning_zero.strategies.launch_checks import preflight_launcher
 
 if TYPE_CHECKING:
     import deepspeed
@@ -157,6 +159,7 @@ class DeepSpeedZeroStrategy(WatchedRanks, SafeCheckpoints, _DeepSpeedOnCpu):
             ds_config = to_deepspeed_config(self.zero)
         else:
             ds_config = load_deepspeed_config(deepspeed_config)
+            check_deepspeed_config(ds_config, deepspeed_config)
             self.zero = zero_config_of(ds_config)
         remote_device = self.zero.offload_parameters if self.zero.offload_parameters != "none" else None
         super().__init__(
@@ -172,6 +175,10 @@ class DeepSpeedZeroStrategy(WatchedRanks, SafeCheckpoints, _DeepSpeedOnCpu):
             remote_device=remote_device,
         )
         self._transformers_zero3: Any = None
+
+    def _configure_launcher(self) -> None:
+        super()._configure_launcher()
+        self._launcher = preflight_launcher(self._launcher)
 
     def setup(self, trainer: Any) -> None:
         apply_memory_budget(self, "deepspeed")
