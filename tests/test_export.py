@@ -12,13 +12,17 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 import pytest
 import torch
 
 from lightning_zero.checkpoint.hf import hf_record, write_hf_dir
 from lightning_zero.cli import main
+from lightning_zero.data.text_files import TextClassificationFilesDataModule
 from lightning_zero.tasks.causal_lm import CausalLMTask
+from lightning_zero.tasks.classification import SequenceClassificationTask
 from lightning_zero.tasks.seq2seq import Seq2SeqTask
 from tests.helpers.launch import run_script
 
@@ -115,3 +119,21 @@ def test_seq2seq_export_generates_as_validation_does(tmp_path: Path) -> None:
     write_hf_dir(record, module.state_dict(), tmp_path, torch.float32)
     written = GenerationConfig.from_pretrained(tmp_path)
     assert (written.num_beams, written.max_new_tokens, written.decoder_start_token_id) == (3, 24, 101)
+
+
+def test_the_datas_class_names_become_the_models_labels(tmp_path: Path) -> None:
+    path = tmp_path / "three.csv"
+    path.write_text("text,label\ngreat,positive\nawful,negative\nfine,neutral\nsuperb,positive\n")
+    data = TextClassificationFilesDataModule(str(path), tokenizer=MINILM, val_fraction=0.25)
+    data.setup()
+    task = SequenceClassificationTask(model="shape:tiny-deberta-v2", num_labels=4)
+    task._trainer = SimpleNamespace(datamodule=data)  # type: ignore[assignment]
+    task.setup("fit")
+    task.configure_model()
+    config: Any = task.model.config  # type: ignore[union-attr]
+    assert config.id2label == {0: "negative", 1: "neutral", 2: "positive", 3: "LABEL_3"}  # a 4th class, unnamed
+    assert config.label2id == {"negative": 0, "neutral": 1, "positive": 2, "LABEL_3": 3}
+    task.set_label_names(["bad", "so-so", "good", "great"])  # a model built already takes them at once
+    assert config.id2label == {0: "bad", 1: "so-so", 2: "good", 3: "great"}
+    record = hf_record(task)
+    assert record is not None and json.loads(record["config"])["id2label"]["3"] == "great"
