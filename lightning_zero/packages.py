@@ -17,6 +17,8 @@ from lightning_utilities.core.imports import RequirementCache
 from lightning_zero.errors import ZeroConfigError
 
 DATASETS = RequirementCache("datasets")
+#: Reads Parquet data files; installed with ``datasets``.
+PYARROW = RequirementCache("pyarrow")
 
 
 def package_dir(package: str, pip_name: str | None = None) -> Path:

@@ -61,11 +61,17 @@ def check_before_launch(trainer: Any, model: Any, datamodule: Any) -> None:
 
 
 def check_data_files(datamodule: Any) -> None:
-    """Every ``*_file`` hyper-parameter of the data module names an existing file."""
+    """Every ``*_file`` hyper-parameter of the data module names an existing file, and a data module that reads
+    files (``check_files``) reads them here, before any rank starts."""
     hparams = getattr(datamodule, "hparams", None) or {}
     for key, value in hparams.items():
+        if key.endswith("_file") and isinstance(value, str) and Path(value).expanduser().is_dir():
+            raise ZeroConfigError(f"`data.{key}` {value!r} is a directory: name a data file in it.")
         if key.endswith("_file") and isinstance(value, str) and not Path(value).expanduser().is_file():
             raise ZeroConfigError(f"`data.{key}` {value!r} does not exist: check the path.")
+    check_files = getattr(datamodule, "check_files", None)
+    if callable(check_files):
+        check_files()
 
 
 def check_model_sources(*modules: Any) -> None:

@@ -82,6 +82,8 @@ def cases(tmp_path: Path) -> dict[str, tuple[list[str], tuple[str, ...]]]:
     section_typo = write(tmp_path, "ds-section.json", '{"zero_optimisation": {"stage": 3}}')
     key_typo = write(tmp_path, "ds-key.yaml", "zero_optimization:\n  stage: 3\n  stage3_prefetch_bucket_sizee: 1\n")
     accumulation = write(tmp_path, "ds-accumulation.json", '{"gradient_accumulation_steps": 4}')
+    latin1 = tmp_path / "latin1.csv"
+    latin1.write_bytes("text,label\nun café,1\n".encode("latin-1"))  # the é is byte 17
     return {
         "devices-0": ([*TINY, "--trainer.devices", "0"], ("`trainer.devices` is '0'", "at least 1")),
         "devices-negative": ([*TINY, "--trainer.devices", "-3"], ("`trainer.devices` is '-3'", "-1 for all")),
@@ -245,6 +247,26 @@ def cases(tmp_path: Path) -> dict[str, tuple[list[str], tuple[str, ...]]]:
             + [f"--data.init_args.train_file={labels}", "--data.init_args.text_column=body", *IN_PROCESS],
             ("no column 'body'", "choose one of"),
         ),
+        "data-file-latin1": (
+            QUICKSTART + FILES_DATA + [f"--data.init_args.train_file={latin1}"],
+            ("latin1.csv' is not valid utf-8 at byte 17 (line 2)", "pass data.init_args.encoding: latin-1"),
+        ),
+        "data-file-not-ascii": (
+            QUICKSTART + FILES_DATA + [f"--data.init_args.train_file={latin1}", "--data.init_args.encoding=ascii"],
+            ("latin1.csv' is not valid ascii at byte 17", "pass data.init_args.encoding"),
+        ),
+        "data-encoding-unknown": (
+            QUICKSTART + FILES_DATA + [f"--data.init_args.train_file={labels}", "--data.init_args.encoding=latin_one"],
+            ("Unknown encoding 'latin_one'", "utf-8, latin-1 or cp1252"),
+        ),
+        "data-file-directory": (
+            QUICKSTART + FILES_DATA + [f"--data.init_args.train_file={tmp_path}"],
+            ("`data.train_file`", "is a directory: name a data file in it"),
+        ),
+        "data-file-no-such-column-before-launch": (
+            QUICKSTART + FILES_DATA + [f"--data.init_args.train_file={labels}", "--data.init_args.label_column=y"],
+            ("no column 'y'", "choose one of ['label', 'text']"),
+        ),
         "chat-no-checkpoint": (["chat"], ("--checkpoint", "lightning-zero chat --help")),
         "chat-checkpoint-missing": (["chat", "--checkpoint", str(tmp_path / "x.ckpt")], ("does not exist", ".ckpt")),
         "chat-beams-word": (["chat", "--checkpoint", "x", "--num-beams", "x"], ("--num-beams", "invalid int")),
@@ -310,6 +332,25 @@ def test_a_trainer_built_in_python_is_checked_before_the_ranks_start(
     with pytest.raises(ZeroConfigError) as caught:
         trainer.fit(BoringModel())
     assert fragment in str(caught.value)
+
+
+def test_a_file_in_another_encoding_ends_a_two_process_run_at_once_without_a_traceback(tmp_path: Path) -> None:
+    latin1 = tmp_path / "latin1.csv"
+    latin1.write_bytes("text,label\nun café,1\nmauvais,0\n".encode("latin-1"))
+    arguments = [*QUICKSTART, *FILES_DATA, f"--data.init_args.train_file={latin1}", "--trainer.devices=2"]
+    result = subprocess.run(
+        [sys.executable, str(REPO / "main.py"), *arguments],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert "Traceback" not in result.stderr, result.stderr[-2000:]
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert errors == [result.stderr.strip().splitlines()[-1]], result.stderr[-2000:]
+    assert "not valid utf-8 at byte 17 (line 2): pass data.init_args.encoding: latin-1" in errors[0]
 
 
 # --- quiet by default -----------------------------------------------------------------------------------------------

@@ -222,6 +222,10 @@ for export in sys.argv[2:]:
 assert not [name for name in sys.modules if name.startswith("lightning_zero")]
 """
 EXPORTED = ["zero3_fsdp", "zero3_offload"]
+#: Logits of the export in a fresh interpreter against the trained module's in this one: the same weights and fp32
+#: operations, but kernels chosen per process (thread count, AMX/AVX-512 paths) sum in other orders (measured: 2.2e-6
+#: on an AMX CPU). Noise of std 1e-3 on one layer's weights moves them by 4e-3, 40 times the tolerance.
+LOGITS_TOLERANCE = 1e-4
 
 
 def test_hf_dir_loads_with_from_pretrained_in_a_fresh_interpreter_with_the_same_logits(
@@ -242,7 +246,7 @@ def test_hf_dir_loads_with_from_pretrained_in_a_fresh_interpreter_with_the_same_
         )
         with torch.no_grad():
             expected = trained.model(ids).logits
-        torch.testing.assert_close(torch.load(export / "logits.pt"), expected, atol=1e-6, rtol=0)
+        torch.testing.assert_close(torch.load(export / "logits.pt"), expected, atol=LOGITS_TOLERANCE, rtol=0)
 
 
 def test_save_top_k_prunes_sharded_directories(resumed: Path) -> None:

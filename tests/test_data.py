@@ -254,9 +254,96 @@ def test_files_datamodule_names_missing_columns_and_bad_files(tmp_path: Path) ->
         TextClassificationFilesDataModule(str(train)).setup()
     with pytest.raises(ZeroDataError, match="does not exist"):
         TextClassificationFilesDataModule(str(tmp_path / "nope.csv")).setup()
-    (tmp_path / "data.parquet").write_text("x")
-    with pytest.raises(ZeroDataError, match=r"use \.csv, \.tsv, \.json or \.jsonl"):
-        TextClassificationFilesDataModule(str(tmp_path / "data.parquet")).setup()
+    (tmp_path / "data.xlsx").write_text("x")
+    with pytest.raises(ZeroDataError, match=r"use \.csv, \.tsv, \.json, \.jsonl, \.parquet"):
+        TextClassificationFilesDataModule(str(tmp_path / "data.xlsx")).setup()
+    with pytest.raises(ZeroDataError, match=r"is a directory: name a file in it"):
+        TextClassificationFilesDataModule(str(tmp_path)).setup()
+
+
+#: Texts as people have them: commas, quotes, a line break, accents, and words pandas would read as missing.
+AWKWARD = [
+    {"text": 'A "gorgeous", witty film, full stop.', "label": "fresh"},
+    {"text": "NA", "label": "rotten"},
+    {"text": "null", "label": "rotten"},
+    {"text": "Two lines,\nin one review: a café in Zürich.", "label": "fresh"},
+    {"text": "  leading spaces kept", "label": "rotten"},
+]
+
+
+def _write_every_format(directory: Path, rows: list[dict[str, str]]) -> list[Path]:
+    """The rows as UTF-8 CSV with a byte-order mark (Excel's "CSV UTF-8"), TSV, JSON Lines, JSON lines under a
+    .json name, an object of columns, and Parquet."""
+    paths = [directory / name for name in ("bom.csv", "rows.tsv", "rows.jsonl", "lines.json", "columns.json")]
+    with paths[0].open("w", newline="", encoding="utf-8-sig") as handle:
+        writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+    with paths[1].open("w", newline="", encoding="utf-8") as handle:
+        writer = csv.DictWriter(handle, fieldnames=list(rows[0]), delimiter="\t")
+        writer.writeheader()
+        writer.writerows(rows)
+    lines = "\n".join(json.dumps(row, ensure_ascii=False) for row in rows) + "\n"
+    paths[2].write_text(lines, encoding="utf-8")
+    paths[3].write_text(lines, encoding="utf-8")
+    paths[4].write_text(json.dumps({key: [row[key] for row in rows] for key in rows[0]}), encoding="utf-8")
+    return paths
+
+
+def test_every_file_format_reads_the_same_texts_and_label_names(tmp_path: Path) -> None:
+    paths = _write_every_format(tmp_path, AWKWARD)
+    pyarrow = pytest.importorskip("pyarrow")
+    from pyarrow import parquet
+
+    paths.append(tmp_path / "rows.parquet")
+    parquet.write_table(pyarrow.Table.from_pylist(AWKWARD), paths[-1])
+    for path in paths:
+        module = TextClassificationFilesDataModule(str(path), val_fraction=0.2)
+        examples = module.load_examples()
+        texts = sorted(examples["train"].texts + examples["validation"].texts)
+        assert texts == sorted(row["text"] for row in AWKWARD), path.name
+        assert module.label_names == ["fresh", "rotten"], path.name
+
+
+def _latin1_csv(path: Path) -> tuple[Path, int]:
+    """A CSV saved in latin-1 (as by older Excel and many exports); the byte offset of its first non-ASCII byte."""
+    data = "text,label\nfine film,1\nun café crème,0\n".encode("latin-1")
+    path.write_bytes(data)
+    return path, data.index("é".encode("latin-1"))
+
+
+def test_a_file_in_another_encoding_is_one_line_naming_the_byte_and_the_fix(tmp_path: Path) -> None:
+    path, offset = _latin1_csv(tmp_path / "latin1.csv")
+    with pytest.raises(ZeroDataError) as raised:
+        TextClassificationFilesDataModule(str(path)).load_examples()
+    assert str(raised.value) == (
+        f"Data file '{path}' is not valid utf-8 at byte {offset} (line 3): "
+        "pass data.init_args.encoding: latin-1 (or the file's own, e.g. cp1252)."
+    )
+    module = TextClassificationFilesDataModule(str(path), encoding="latin-1", val_fraction=0.5)
+    examples = module.load_examples()
+    assert "un café crème" in examples["train"].texts + examples["validation"].texts
+    with pytest.raises(ZeroConfigError, match=r"Unknown encoding 'latin_one': use a Python codec name"):
+        TextClassificationFilesDataModule(str(path), encoding="latin_one")
+
+
+@pytest.mark.parametrize(
+    ("name", "content", "message"),
+    [
+        ("extra.csv", "text,label\nfine,1\ngreat, really,1\n", r"Row 2 of .* has more fields than the header: quote"),
+        ("short.csv", "text,label\nfine,1\nno label\n", r"Row 2 of .* has no 'label' value: fill it in"),
+        ("null.jsonl", '{"text": "a", "label": 1}\n{"text": null, "label": 0}\n', r"Row 2 of .* no 'text' value"),
+        ("broken.jsonl", '{"text": "a", "label": 1}\n{"text": "b",\n', r"Line 2 of .* is not valid JSON"),
+        ("scalar.jsonl", '{"text": "a", "label": 1}\n[1, 2]\n', r"Line 2 of .* is not a JSON object"),
+        ("broken.json", '[{"text": "a", "label": 1},\n {"text": "b" "label": 0}]', r"not valid JSON .* at line 2"),
+        ("quote.csv", 'text,label\n"unterminated,1\n', r"Row 1 of .* has no 'label' value"),
+        ("huge.csv", f"text,label\n{'x' * 200_000},1\n", r"is not valid CSV \(field larger than field limit"),
+    ],
+)
+def test_malformed_files_are_one_line_errors(tmp_path: Path, name: str, content: str, message: str) -> None:
+    (tmp_path / name).write_text(content)
+    with pytest.raises(ZeroDataError, match=message):
+        TextClassificationFilesDataModule(str(tmp_path / name)).load_examples()
 
 
 def test_encode_labels() -> None:

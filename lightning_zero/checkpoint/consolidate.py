@@ -10,8 +10,9 @@ the model's tensors are read, without a process group), and single files (DDP, F
 
 ``OUT.pt`` is a plain ``{name: tensor}`` mapping (``torch.load(OUT, weights_only=True)``), with the
 LightningModule's parameter names (``model.transformer.wte.weight``...). ``OUT.safetensors`` holds the same (tied
-weights stored once each under every name). ``--hf-dir`` writes ``save_pretrained`` output (config, safetensors,
-tokenizer files when the module had a tokenizer) that ``AutoModel...from_pretrained(DIR)`` loads without
+weights stored once each under every name). ``--hf-dir`` writes ``save_pretrained`` output (config with a
+classifier's class names, safetensors, the generation config of models that generate, the tokenizer's files when
+the module had a tokenizer) that ``AutoModel...from_pretrained(DIR)`` and ``transformers.pipeline`` load without
 lightning-zero. Floating-point tensors are cast to ``--dtype`` (fp32 by default); integer buffers keep theirs.
 """
 

@@ -1,5 +1,6 @@
-"""What a checkpoint needs for a Hugging Face ``save_pretrained`` folder: the model's config and class, the
-attribute it sits under in the LightningModule, and the tokenizer's files where the module has a tokenizer.
+"""What a checkpoint needs for a Hugging Face ``save_pretrained`` folder: the model's config (with the class names
+a classifier was given, ``id2label``), its generation config (models that generate), its class, the attribute it
+sits under in the LightningModule, and the tokenizer's files where the module has a tokenizer.
 
 Recorded at save time under :data:`HF_KEY` (a few kB plus the tokenizer files); used by ``consolidate --hf-dir``.
 """
@@ -18,7 +19,8 @@ HF_KEY = "lightning_zero_hf"
 
 
 def hf_record(module: nn.Module) -> dict[str, Any] | None:
-    """Config, class and attribute of the first Hugging Face model held by ``module``, with its tokenizer's files."""
+    """Config, generation config, class and attribute of the first Hugging Face model held by ``module``, with the
+    files of ``module.tokenizer``."""
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
     found = next(((n, m) for n, m in module.named_children() if isinstance(m, PreTrainedModel)), None)
@@ -30,6 +32,10 @@ def hf_record(module: nn.Module) -> dict[str, Any] | None:
         "class": _transformers_class(model).__name__,
         "config": model.config.to_json_string(use_diff=False),
     }
+    if model.can_generate() and model.generation_config is not None:
+        # Its own file: what `generate` reads (beam settings, start/end ids of a pretrained model) is not all in
+        # the model config that the export is rebuilt from.
+        record["generation_config"] = model.generation_config.to_json_string(use_diff=False)
     tokenizer = getattr(module, "tokenizer", None)
     if isinstance(tokenizer, PreTrainedTokenizerBase):
         record["tokenizer"] = _files_of(tokenizer)
@@ -64,6 +70,8 @@ def write_hf_dir(record: dict[str, Any], state: dict[str, torch.Tensor], directo
     missing = [name for name, parameter in model.named_parameters() if parameter.is_meta]
     if missing:
         raise ValueError(f"the checkpoint has no weights for {missing[:3]}")
+    if "generation_config" in record:
+        model.generation_config = transformers.GenerationConfig.from_dict(json.loads(record["generation_config"]))
     model.to(dtype)
     directory.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(directory, safe_serialization=True)

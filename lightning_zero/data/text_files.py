@@ -1,4 +1,5 @@
-"""Text classification data: a base data module (tokenise in ``setup``, pad per batch) and local CSV/JSON files.
+"""Text classification data: a base data module (tokenise in ``setup``, pad per batch) and local data files
+(CSV, TSV, JSON, JSON Lines, Parquet).
 
 :class:`TextClassificationDataModule` holds everything the concrete data modules share: the tokenizer, the
 deterministic train/validation split, subsets for quick runs, and the rank-aware data loaders of
@@ -7,7 +8,9 @@ deterministic train/validation split, subsets for quick runs, and the rank-aware
 
 from __future__ import annotations
 
+import codecs
 import csv
+import io
 import json
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
@@ -26,9 +29,11 @@ from lightning_zero.data.batching import (
 from lightning_zero.data.splits import seeded_split
 from lightning_zero.errors import ZeroConfigError, ZeroDataError
 from lightning_zero.models.loading import load_tokenizer
+from lightning_zero.packages import PYARROW
 
 DEFAULT_TOKENIZER = "sentence-transformers/all-MiniLM-L6-v2"
 TRAIN, VALIDATION = "train", "validation"
+DATA_FILE_SUFFIXES = (".csv", ".tsv", ".json", ".jsonl", ".parquet")
 
 
 def split_examples(examples: TextExamples, val_fraction: float, seed: int) -> dict[str, TextExamples]:
@@ -83,29 +88,105 @@ def _as_integers(values: list[Any]) -> list[int] | None:
     return integers
 
 
-def read_records(path: str | Path) -> list[dict[str, Any]]:
-    """Rows of a ``.csv``, ``.tsv``, ``.json`` (a list of objects or an object of columns) or ``.jsonl`` file."""
+def read_records(path: str | Path, encoding: str = "utf-8") -> list[dict[str, Any]]:
+    """Rows of a ``.csv``, ``.tsv``, ``.json`` (a list of objects, an object of columns, or JSON lines),
+    ``.jsonl`` or ``.parquet`` file; text files are read in ``encoding`` (a UTF-8 byte-order mark is skipped)."""
     path = Path(path).expanduser()
+    check_data_file(path)
+    suffix = path.suffix.lower()
+    if suffix == ".parquet":
+        return _parquet_records(path)
+    # The standard library's readers, not `datasets`' CSV/JSON loaders: those parse through pandas, which reads
+    # texts such as "NA" or "null" as missing values, and they write an Arrow cache of every file they read.
+    text = decode_file(path, encoding)
+    if suffix in (".csv", ".tsv"):
+        return _delimited_records(path, text, "\t" if suffix == ".tsv" else ",")
+    if suffix == ".json":
+        return _json_records(path, text)
+    return _json_lines(path, text)
+
+
+def check_data_file(path: Path) -> None:
+    """A one-line error unless ``path`` is a data file of a kind :func:`read_records` reads."""
+    if path.is_dir():
+        raise ZeroDataError(
+            f"Data file {str(path)!r} is a directory: name a file in it ({', '.join(DATA_FILE_SUFFIXES)})."
+        )
     if not path.is_file():
         raise ZeroDataError(f"Data file {str(path)!r} does not exist: check the path.")
-    suffix = path.suffix.lower()
-    if suffix in (".csv", ".tsv"):
-        with path.open(newline="", encoding="utf-8") as handle:
-            return list(csv.DictReader(handle, delimiter="\t" if suffix == ".tsv" else ","))
-    if suffix == ".jsonl":
-        with path.open(encoding="utf-8") as handle:
-            return [json.loads(line) for line in handle if line.strip()]
-    if suffix == ".json":
-        return _json_records(path)
-    raise ZeroDataError(f"Unsupported data file {path.name!r}: use .csv, .tsv, .json or .jsonl.")
+    if path.suffix.lower() not in DATA_FILE_SUFFIXES:
+        raise ZeroDataError(f"Unsupported data file {path.name!r}: use {', '.join(DATA_FILE_SUFFIXES)}.")
 
 
-def _json_records(path: Path) -> list[dict[str, Any]]:
-    text = path.read_text(encoding="utf-8")
+def check_encoding(encoding: str) -> None:
+    """A one-line error unless ``encoding`` is a text encoding Python knows."""
+    try:
+        codecs.lookup(encoding)
+    except LookupError:
+        raise ZeroConfigError(
+            f"Unknown encoding {encoding!r}: use a Python codec name such as utf-8, latin-1 or cp1252."
+        ) from None
+
+
+def decode_file(path: Path, encoding: str) -> str:
+    """The text of ``path`` in ``encoding``, or a one-line error naming the first byte that is not valid in it."""
+    data = path.read_bytes()
+    skipped = 0
+    if codecs.lookup(encoding).name == "utf-8" and data.startswith(codecs.BOM_UTF8):
+        skipped = len(codecs.BOM_UTF8)  # Excel's "CSV UTF-8" starts with one
+    try:
+        return data[skipped:].decode(encoding)
+    except UnicodeDecodeError as error:
+        offset = skipped + error.start
+        line = data.count(b"\n", 0, offset) + 1
+        raise ZeroDataError(
+            f"Data file {str(path)!r} is not valid {encoding} at byte {offset} (line {line}): "
+            "pass data.init_args.encoding: latin-1 (or the file's own, e.g. cp1252)."
+        ) from None
+
+
+def _delimited_records(path: Path, text: str, delimiter: str) -> list[dict[str, Any]]:
+    kind = "TSV" if delimiter == "\t" else "CSV"
+    try:
+        rows = list(csv.DictReader(io.StringIO(text, newline=""), delimiter=delimiter))
+    except csv.Error as error:
+        raise ZeroDataError(f"Data file {str(path)!r} is not valid {kind} ({error}): fix the file.") from None
+    extra = next((index for index, row in enumerate(rows) if None in row), None)  # DictReader's key for extras
+    if extra is not None:
+        raise ZeroDataError(
+            f"Row {extra + 1} of {str(path)!r} (header not counted) has more fields than the header: quote texts "
+            f'that hold {"tabs" if kind == "TSV" else "commas"} ("like, this").'
+        )
+    return rows
+
+
+def _json_lines(path: Path, text: str) -> list[dict[str, Any]]:
+    records = []
+    for number, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as error:
+            raise ZeroDataError(
+                f"Line {number} of {str(path)!r} is not valid JSON ({error.msg}, column {error.colno}): fix the line."
+            ) from None
+        if not isinstance(record, Mapping):
+            raise ZeroDataError(f"Line {number} of {str(path)!r} is not a JSON object: write one object a line.")
+        records.append(dict(record))
+    return records
+
+
+def _json_records(path: Path, text: str) -> list[dict[str, Any]]:
     try:
         data = json.loads(text)
-    except json.JSONDecodeError:  # JSON lines under a .json name
-        return [json.loads(line) for line in text.splitlines() if line.strip()]
+    except json.JSONDecodeError as error:
+        if error.msg == "Extra data":  # a first value, then more: JSON lines under a .json name
+            return _json_lines(path, text)
+        raise ZeroDataError(
+            f"Data file {str(path)!r} is not valid JSON ({error.msg} at line {error.lineno}, column {error.colno}): "
+            "fix the file."
+        ) from None
     if isinstance(data, Mapping) and all(isinstance(column, list) for column in data.values()):
         columns = list(data)
         try:
@@ -117,11 +198,33 @@ def _json_records(path: Path) -> list[dict[str, Any]]:
     raise ZeroDataError(f"{path.name!r} is not a list of objects nor an object of columns: reshape the JSON.")
 
 
+def _parquet_records(path: Path) -> list[dict[str, Any]]:
+    if not PYARROW:
+        raise ZeroConfigError(
+            f"Reading {path.name!r} needs the `pyarrow` package: run `pip install pyarrow` "
+            "(`pip install lightning-zero[datasets]` brings it)."
+        )
+    import pyarrow
+    import pyarrow.parquet
+
+    try:
+        return list(pyarrow.parquet.read_table(path).to_pylist())
+    except pyarrow.ArrowException as error:
+        raise ZeroDataError(f"Data file {str(path)!r} is not valid Parquet ({error}): check the file.") from None
+
+
 def column(records: Sequence[Mapping[str, Any]], name: str, source: str) -> list[Any]:
-    """The values of column ``name``, or a one-line error listing the columns ``source`` has."""
+    """The values of column ``name``, or a one-line error listing the columns ``source`` has, or naming the first
+    row without a value (an empty JSON/Parquet value, or a CSV row with too few fields)."""
     if records and name not in records[0]:
         raise ZeroDataError(f"{source!r} has no column {name!r}: choose one of {sorted(records[0])}.")
-    return [record[name] for record in records]
+    values = [record.get(name) for record in records]
+    missing = next((index for index, value in enumerate(values) if value is None), None)
+    if missing is not None:
+        raise ZeroDataError(
+            f"Row {missing + 1} of {source!r} (header not counted) has no {name!r} value: fill it in or drop the row."
+        )
+    return values
 
 
 class TextClassificationDataModule(LightningDataModule):
@@ -219,7 +322,10 @@ class TextClassificationDataModule(LightningDataModule):
 
 
 class TextClassificationFilesDataModule(TextClassificationDataModule):
-    """Text classification from local ``.csv``/``.tsv``/``.json``/``.jsonl`` files: single texts or sentence pairs.
+    """Text classification from local files, single texts or sentence pairs: ``.csv``, ``.tsv``, ``.json`` (a list
+    of objects, an object of columns, or JSON lines), ``.jsonl`` and ``.parquet`` (needs ``pyarrow``, which
+    ``datasets`` brings). String labels are numbered (see ``label_names``) and their names kept: they become the
+    model's ``id2label`` and a Hugging Face export predicts them.
 
     Args:
         train_file: Training data.
@@ -230,6 +336,8 @@ class TextClassificationFilesDataModule(TextClassificationDataModule):
         label_names: Label names in class order; by default integer labels are used as they are and names
             are numbered in sorted order.
         val_fraction: Share of ``train_file`` held out when there is no ``validation_file``.
+        encoding: Text encoding of the CSV/TSV/JSON files (``latin-1``, ``cp1252``, ...); a UTF-8 byte-order
+            mark is skipped.
         **kwargs: See :class:`~lightning_zero.data.text_files.TextClassificationDataModule`.
     """
 
@@ -243,10 +351,13 @@ class TextClassificationFilesDataModule(TextClassificationDataModule):
         label_column: str = "label",
         label_names: list[str] | None = None,
         val_fraction: float = 0.1,
+        encoding: str = "utf-8",
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
+        check_encoding(encoding)
         self.save_hyperparameters()
+        self.encoding = encoding
         self.train_file = train_file
         self.validation_file = validation_file
         self.text_column = text_column
@@ -255,8 +366,13 @@ class TextClassificationFilesDataModule(TextClassificationDataModule):
         self.given_label_names = label_names
         self.val_fraction = val_fraction
 
+    def check_files(self) -> None:
+        """Read the files now: the CLI calls this in the launching process, so that bad data ends the run with one
+        error line before any rank starts."""
+        self.load_examples()
+
     def _read(self, path: str) -> tuple[list[str], list[str] | None, list[Any]]:
-        records = read_records(path)
+        records = read_records(path, self.encoding)
         if not records:
             raise ZeroDataError(f"Data file {path!r} has no rows: check the file.")
         texts = [str(text) for text in column(records, self.text_column, path)]

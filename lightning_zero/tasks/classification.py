@@ -7,13 +7,13 @@ weights. Metrics are kept in float32 whatever precision the model runs in (``16-
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
 from torch import nn
 from torchmetrics import MeanMetric
-from transformers import AutoModelForSequenceClassification
+from transformers import AutoModelForSequenceClassification, PreTrainedTokenizerBase
 
 from lightning_zero.errors import ZeroConfigError
 from lightning_zero.models.loading import build_model, load_tokenizer
@@ -25,12 +25,21 @@ from lightning_zero.tasks.metrics import classification_metrics
 DEFAULT_MODEL = "sentence-transformers/all-MiniLM-L6-v2"
 
 
+def label_maps(names: Sequence[str], num_labels: int) -> dict[str, Any]:
+    """The ``id2label`` and ``label2id`` config fields for class names (classes past the names keep
+    ``LABEL_<i>``, the Hugging Face default, so the maps always cover ``num_labels`` classes)."""
+    id2label = {index: names[index] if index < len(names) else f"LABEL_{index}" for index in range(num_labels)}
+    return {"id2label": id2label, "label2id": {name: index for index, name in id2label.items()}}
+
+
 class SequenceClassificationTask(TaskModule):
     """Fine-tune (or train from a random shape) a Hugging Face sequence classifier.
 
     Batches are dicts of ``input_ids``, ``attention_mask`` (and ``token_type_ids``) and ``labels``, as the data
     modules of :mod:`lightning_zero.data` make them. Logs ``train_loss`` per step and ``val_loss``,
-    ``val_acc``, ``val_f1`` per validation epoch (reduced over all processes).
+    ``val_acc``, ``val_f1`` per validation epoch (reduced over all processes). The data module's class names
+    (``label_names``) become the model config's ``id2label``/``label2id`` at ``setup``, so a Hugging Face export
+    predicts names, not ``LABEL_<i>``.
 
     Args:
         model: A local folder, a hub name, a shipped model (``sentence-transformers/all-MiniLM-L6-v2`` loads
@@ -46,6 +55,7 @@ class SequenceClassificationTask(TaskModule):
     """
 
     auto_class = AutoModelForSequenceClassification
+    _tokenizer: PreTrainedTokenizerBase | None = None
 
     def __init__(
         self,
@@ -63,6 +73,7 @@ class SequenceClassificationTask(TaskModule):
         # Unset, the tokenizer is the data module's: not recorded, so Lightning's hparams merge sees one value.
         self.save_hyperparameters(ignore=[] if tokenizer else ["tokenizer"])
         self.data_tokenizer: str | None = None
+        self.label_names: list[str] | None = None
         self.model: nn.Module | None = None
         self.val_metrics = classification_metrics(num_labels)
         self.val_loss = MeanMetric()
@@ -72,15 +83,26 @@ class SequenceClassificationTask(TaskModule):
         """The tokenizer this task's model expects: its own, else the data module's, else the model's."""
         return self.hparams.get("tokenizer") or self.data_tokenizer or self.hparams["model"]
 
+    @property
+    def tokenizer(self) -> PreTrainedTokenizerBase | None:
+        """The tokenizer of :attr:`tokenizer_name`, loaded on first use (saved with a Hugging Face export);
+        None for a random shape with no tokenizer set."""
+        if self._tokenizer is None and not is_shape(self.tokenizer_name):
+            self._tokenizer = load_tokenizer(self.tokenizer_name)
+        return self._tokenizer
+
     def build_network(self) -> nn.Module:
-        """The Hugging Face classifier, in training mode (a shape gets the tokenizer's vocabulary and pad id)."""
+        """The Hugging Face classifier, in training mode (a shape gets the tokenizer's vocabulary and pad id),
+        with the data's class names when :meth:`setup` found them."""
         source = self.hparams["model"]
         overrides: dict[str, Any] = {"num_labels": self.hparams["num_labels"]}
+        if self.label_names:
+            overrides.update(label_maps(self.label_names, self.hparams["num_labels"]))
         vocab_size = None
         if is_shape(source):
-            if not (self.hparams.get("tokenizer") or self.data_tokenizer):
+            tokenizer = self.tokenizer
+            if tokenizer is None:
                 raise ZeroConfigError(f"Model {source!r} is a random shape: set `tokenizer` (e.g. all-MiniLM-L6-v2).")
-            tokenizer = load_tokenizer(self.tokenizer_name)
             vocab_size = len(tokenizer)
             if tokenizer.pad_token_id is not None:
                 overrides["pad_token_id"] = tokenizer.pad_token_id
@@ -89,7 +111,7 @@ class SequenceClassificationTask(TaskModule):
 
     def setup(self, stage: str) -> None:
         """Check the data against the model (classes within ``num_labels``, the same tokenizer); an unset
-        ``tokenizer`` becomes the data module's."""
+        ``tokenizer`` becomes the data module's, and the data's class names the model's labels."""
         super().setup(stage)
         datamodule = getattr(self.trainer, "datamodule", None) if self._trainer is not None else None
         if datamodule is None:
@@ -100,17 +122,29 @@ class SequenceClassificationTask(TaskModule):
                 f"The data has {data_labels} classes but model.num_labels is {self.hparams['num_labels']}: "
                 f"set model.init_args.num_labels: {data_labels}."
             )
+        label_names = getattr(datamodule, "label_names", None)
+        if label_names:
+            self.set_label_names(label_names)
         data_tokenizer = getattr(datamodule, "tokenizer_name", None)
         if data_tokenizer is None:
             return
         own = self.hparams.get("tokenizer")
-        if own is None:
+        if own is None and data_tokenizer != self.data_tokenizer:
             self.data_tokenizer = data_tokenizer
-        elif resolve_pretrained(data_tokenizer) != resolve_pretrained(own):
+            self._tokenizer = None  # the model's, if it was loaded before the data module's was known
+        elif own is not None and resolve_pretrained(data_tokenizer) != resolve_pretrained(own):
             raise ZeroConfigError(
                 f"The data is tokenised with {data_tokenizer!r} but the model expects {own!r}: "
                 "set the tokenizer once, under data.init_args.tokenizer (the CLI gives it to the model)."
             )
+
+    def set_label_names(self, names: Sequence[str]) -> None:
+        """Name the classes in class order: the model config's ``id2label``/``label2id`` (now, or when built)."""
+        self.label_names = [str(name) for name in names]
+        if self.model is not None:
+            config: Any = self.model.config
+            for key, value in label_maps(self.label_names, self.hparams["num_labels"]).items():
+                setattr(config, key, value)
 
     def forward(self, **batch: torch.Tensor) -> Any:
         """The Hugging Face model's output (with ``loss`` when ``labels`` are given)."""

@@ -83,15 +83,23 @@ class Seq2SeqTask(LanguageTask):
         self.val_bleu = bleu_metric()
 
     def build_network(self) -> nn.Module:
-        """The encoder-decoder (a shape gets the tokenizer's vocabulary and special ids, for generation too)."""
+        """The encoder-decoder (a shape gets the tokenizer's vocabulary and special ids, for generation too), its
+        generation config set to generate as validation does (kept in a Hugging Face export)."""
         source = self.hparams["model"]
-        if not is_shape(source):
-            return build_model(self.auto_class, source)
-        start = special_ids(self.tokenizer).bos
-        model = build_language_model(self.auto_class, source, self.tokenizer, decoder_start_token_id=start)
-        config: Any = model.config
-        for key in ("pad_token_id", "bos_token_id", "eos_token_id", "decoder_start_token_id"):
-            setattr(model.generation_config, key, getattr(config, key))  # generation reads these here
+        if is_shape(source):
+            start = special_ids(self.tokenizer).bos
+            model = build_language_model(self.auto_class, source, self.tokenizer, decoder_start_token_id=start)
+            config: Any = model.config
+            for key in ("pad_token_id", "bos_token_id", "eos_token_id", "decoder_start_token_id"):
+                setattr(model.generation_config, key, getattr(config, key))  # generation reads these here
+        else:
+            model = build_model(self.auto_class, source)
+        generation: Any = model.generation_config
+        generation.num_beams = self.hparams["num_beams"]
+        generation.max_new_tokens = self.hparams["max_target_length"]
+        generation.min_new_tokens = 1
+        if generation.num_beams > 1:  # a beam setting without beams fails save_pretrained's validation
+            generation.early_stopping = True
         return model
 
     def forward(self, input_ids: Tensor, attention_mask: Tensor, labels: Tensor) -> Tensor:
