@@ -159,7 +159,7 @@ def _refuse_invalid_fields(rows: list[Row]) -> None:
         try:
             build_preset(spec.strategy, **dict(spec.zero))
         except ZeroConfigError as error:
-            raise SystemExit(f"--strategies: {row.key}: {error}") from None
+            raise SystemExit(f"--strategies: {row.key}: {error} (or leave the row out of --strategies)") from None
 
 
 def _refuse_unknown(flag: str, wanted: list[str], known: list[str]) -> None:
