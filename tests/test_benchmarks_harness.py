@@ -7,6 +7,7 @@ The worker processes are real (one per rank, gloo); only the GPU memory is emula
 from __future__ import annotations
 
 import csv
+import dataclasses
 import json
 import signal
 import subprocess
@@ -17,14 +18,31 @@ from pathlib import Path
 import psutil
 import pytest
 
-from benchmarks.bench.catalogue import EXPERIMENTS, OVERHEAD_PAIRS, plan_rows
+from benchmarks.bench import catalogue
+from benchmarks.bench.accelerate_run import deepspeed_config
+from benchmarks.bench.catalogue import (
+    ANCHOR_LABELS,
+    EXPERIMENTS,
+    OVERHEAD_PAIRS,
+    StrategySpec,
+    find_experiment,
+    plan_rows,
+)
 from benchmarks.bench.flops import StepFlops
 from benchmarks.bench.lengths import load_distribution
-from benchmarks.bench.main import for_lightning, main, selected_pairs
-from benchmarks.bench.report import Metrics, compile_section, markdown_table, overhead_section, table_rows
+from benchmarks.bench.main import FlopAnnotator, for_lightning, main, selected_pairs
+from benchmarks.bench.report import (
+    Metrics,
+    anchor_section,
+    compile_section,
+    markdown_table,
+    overhead_section,
+    table_rows,
+)
 from benchmarks.bench.runner import REPRODUCE, wait_for_build
 from benchmarks.bench.search import SearchPolicy, bracket, next_candidate
 from benchmarks.bench.worker import largest_live_blocks, timing_done
+from benchmarks.bench.workload import build_workload_model, uses_chunked_loss
 
 GIB = 1024**3
 COMMON = [
@@ -295,3 +313,128 @@ def test_the_largest_live_blocks_of_a_memory_snapshot_leave_out_free_ones() -> N
     ]
     assert largest_live_blocks(segments) == [5.0, 3.0, 0.5]
     assert largest_live_blocks(segments, count=1) == [5.0]
+
+
+ANCHOR_KINDS = {
+    "lightning_ds2_offload+hf_gc": "lightning",
+    "lightning_ds3_offload+hf_gc": "lightning",
+    "accelerate_ds3_offload+hf_gc": "accelerate",
+    "zero3_offload_fsdp+ac": "fsdp2",
+    "zero_auto+max": "auto",
+    "zero_auto+approx": "auto",
+}
+
+
+@pytest.mark.parametrize("name", ["llama-3.2-3b", "llama-3.1-8b", "gpt2-xl", "t5-3b"])
+def test_every_model_that_needs_offload_has_the_anchor_rows(name: str) -> None:
+    experiment = find_experiment(name)
+    specs = {label: experiment.strategy(label) for label in ANCHOR_LABELS}
+    assert {label: spec.kind for label, spec in specs.items()} == ANCHOR_KINDS
+    for spec in specs.values():
+        if spec.kind in ("lightning", "accelerate"):
+            assert spec.hf_checkpointing and spec.offloads and spec.batch is None, spec
+    assert specs["zero_auto+approx"].zero == {"batch_size": "max", "approximate": True}
+    assert {row.strategy for row in plan_rows([experiment], list(ANCHOR_LABELS))} == set(ANCHOR_LABELS)
+
+
+def test_the_llama_workloads_train_packed_2048_token_blocks_in_bf16_with_a_flop_model() -> None:
+    annotate = FlopAnnotator()
+    for name, body in (("llama-3.2-3b", 2.8e9), ("llama-3.1-8b", 7.0e9)):
+        experiment = find_experiment(name)
+        assert (experiment.precision, experiment.loss_chunk_tokens) == ("bf16-mixed", 1024)
+        assert [(x.name, x.source, x.dynamic) for x in experiment.lengths] == [("fixed", 2048, False)]
+        # 6 FLOPs per weight and token, at least: the transformer body without embeddings
+        assert annotate.flop_model(name).per_sample(2048) > 6 * body * 2048
+
+
+def test_only_our_deepspeed_rows_compute_the_llama_loss_in_chunks() -> None:
+    twin = find_experiment("tiny-llama")
+    model = build_workload_model(twin, twin.strategies[0])
+    chunked = {spec.label: uses_chunked_loss(twin, spec, model) for spec in twin.strategies}
+    assert chunked == {
+        "lightning_ds3_offload+hf_gc@2": False,
+        "accelerate_ds3_offload+hf_gc@2": False,
+        "zero3_offload_fsdp+ac@2": False,  # CausalLMTask refuses the chunked loss under FSDP
+        "accelerate_ds3_offload+hf_gc": False,
+        "zero3_offload+ac@2": True,
+    }
+    assert model.is_gradient_checkpointing, "the Lightning anchor switches Hugging Face checkpointing on"
+    unchunked = dataclasses.replace(twin, loss_chunk_tokens=None)
+    assert not uses_chunked_loss(unchunked, twin.strategy("zero3_offload+ac@2"), model)
+
+
+def test_the_accelerate_row_is_zero3_with_both_offloads_and_no_clipping_as_accelerate_reads_it() -> None:
+    from accelerate.utils import DeepSpeedPlugin
+
+    plugin = DeepSpeedPlugin(hf_ds_config=deepspeed_config(find_experiment("llama-3.1-8b").strategy(ANCHOR_LABELS[2])))
+    zero = plugin.deepspeed_config["zero_optimization"]
+    assert (plugin.zero_stage, plugin.offload_optimizer_device, plugin.offload_param_device) == (3, "cpu", "cpu")
+    assert plugin.zero3_init_flag, "the model is built partitioned, as Accelerate does under ZeRO-3"
+    assert plugin.deepspeed_config["gradient_clipping"] == 0.0 and zero["stage3_prefetch_bucket_size"] == "auto"
+    with pytest.raises(ValueError, match=r"no Accelerate layout for 'zero2': choose from \['zero3_offload'\]"):
+        deepspeed_config(StrategySpec("accelerate_ds2", "accelerate", "zero2"))
+
+
+def test_the_anchor_table_compares_each_row_with_the_fastest_lightning_and_accelerate_rows() -> None:
+    def row(strategy: str, tokens: float, session: str = "a", experiment: str = "gpt2-xl") -> Metrics:
+        key = f"{experiment}/fixed/{strategy}"
+        return Metrics(key, experiment, "fixed", strategy, "ok", 16, 17, False, tokens_per_s=tokens, session=session)
+
+    rows = table_rows(
+        [
+            row("lightning_ds3_offload+hf_gc", 1000.0),
+            row("lightning_ds2_offload+hf_gc", 1250.0),
+            row("accelerate_ds3_offload+hf_gc", 800.0),
+            row("zero_auto+max", 2500.0, session="b"),
+            row("lightning_ds2", 900.0, experiment="deberta"),
+        ]
+    )
+    text = anchor_section(rows)
+    assert "Fastest Lightning row: lightning_ds2_offload+hf_gc; fastest Accelerate row: accelerate_ds3" in text
+    assert "| lightning_ds3_offload+hf_gc | 16 (17 OOM) | 1000 |" in text and "| 0.80 | 1.25 |" in text
+    assert "| 2.00 † | 3.12 † |" in text, "a ratio to another machine's row is marked"
+    assert "deberta" not in text, "an experiment without an Accelerate row has no anchor table"
+
+
+@pytest.mark.timeout(180)
+def test_the_tiny_llama_anchors_run_in_one_launch_and_the_report_shows_them(tmp_path: Path) -> None:
+    out = tmp_path / "anchors"
+    labels = "lightning_ds3_offload+hf_gc@2,accelerate_ds3_offload+hf_gc@2,accelerate_ds3_offload+hf_gc"
+    args = ["run", "--out", str(out), "--experiments", "tiny-llama", "--strategies", labels, *COMMON]
+    main([*args, "--emulate-memory", "0.5:0.1"])
+    rows = {row["strategy"]: row for row in _results(out)}
+    assert all(row["status"] == "ok" for row in rows.values()), {k: r.get("error") for k, r in rows.items()}
+    searched = rows["accelerate_ds3_offload+hf_gc"]
+    assert (searched["max_batch"], searched["oom_batch"]) == (5, 6), "Accelerate's loop runs the same search"
+    for row in rows.values():
+        measure = row["measure"]
+        assert len(measure["steps"]) >= 3 and measure["peak_host_tree"] > 0 and measure["peak_rss"] > 0
+    table = (out / "table.md").read_text()
+    assert "| peak GiB reserved | peak host GiB |" in table
+    assert "### Anchors: tiny-llama, lengths: fixed" in table
+    assert "fastest Accelerate row: accelerate_ds3_offload+hf_gc " in table
+    assert "| lightning_ds3_offload+hf_gc@2 | 2 (set) |" in table
+    with (out / "results.csv").open() as handle:
+        host = {line["strategy"]: float(line["peak_host_gib"]) for line in csv.DictReader(handle)}
+    assert all(gib > 0.1 for gib in host.values()), host
+
+
+def test_an_accelerate_row_in_a_precision_accelerate_cannot_name_stops_the_run_before_it_starts(
+    tmp_path: Path,
+) -> None:
+    args = ["run", "--out", str(tmp_path / "out"), "--experiments", "gpt2-xl"]
+    with pytest.raises(SystemExit, match=r"--precision: gpt2-xl/fixed/accelerate_ds3_offload\+hf_gc runs through"):
+        main([*args, "--strategies", "accelerate_ds3_offload+hf_gc", *COMMON, "--precision", "64-true"])
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_row_with_a_field_its_preset_lacks_stops_the_run_before_it_starts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    typo = StrategySpec("zero2+typo", "ours", "zero2", {"activation_checkpoint": True})
+    bad = dataclasses.replace(find_experiment("tiny-gpt2"), name="tiny-typo", strategies=(typo,))
+    monkeypatch.setattr(catalogue, "SMOKE_EXPERIMENTS", (*catalogue.SMOKE_EXPERIMENTS, bad))
+    args = ["run", "--out", str(tmp_path / "out"), "--experiments", "tiny-typo", *COMMON]
+    with pytest.raises(SystemExit, match=r"--strategies: tiny-typo/fixed/zero2\+typo: .*'activation_checkpoint'"):
+        main(args)
+    assert not (tmp_path / "out").exists()

@@ -11,7 +11,11 @@ from collections.abc import Mapping
 from typing import Any, Literal
 
 Task = Literal["classification", "seq2seq", "causal"]
-Kind = Literal["single", "lightning", "ours", "fairscale", "fsdp2", "auto"]
+Kind = Literal["single", "lightning", "accelerate", "ours", "fairscale", "fsdp2", "auto"]
+#: Rows of our own DeepSpeed strategies: they compute a causal LM's loss in chunks as ``CausalLMTask`` can (see
+#: :attr:`Experiment.loss_chunk_tokens`). The others use the model's own loss, as their users would; so do our
+#: FSDP2 rows, under which ``CausalLMTask`` refuses the chunked loss.
+CHUNKED_LOSS_KINDS: tuple[Kind, ...] = ("ours", "auto")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -39,8 +43,11 @@ class StrategySpec:
 
     Args:
         label: The row's name in the table.
-        kind: Who provides it: plain single device/DDP, Lightning's built-in DeepSpeed, ours, FairScale, FSDP2.
-        strategy: The Trainer's strategy name (``auto`` for a plain single device, ``ddp`` on several).
+        kind: Who provides it: plain single device/DDP, Lightning's built-in DeepSpeed, Hugging Face Accelerate's
+            DeepSpeed (a plain PyTorch loop, no Lightning: :mod:`benchmarks.bench.accelerate_run`), ours,
+            FairScale, FSDP2.
+        strategy: The Trainer's strategy name (``auto`` for a plain single device, ``ddp`` on several); for
+            Accelerate rows, which of our presets its DeepSpeed configuration corresponds to.
         zero: Overrides of one of our presets' fields.
         hf_checkpointing: Call Hugging Face's ``gradient_checkpointing_enable()`` in the module, by hand, as a
             Lightning user would with Lightning's own strategies.
@@ -89,13 +96,16 @@ class Experiment:
         lengths: The length settings measured, in priority order.
         strategies: Every strategy compared, by label.
         anchor: Label of Lightning's built-in strategy that the report's ZeRO row corresponds to.
-        report: The report's rows: its baseline first, then its ZeRO row.
+        report: The report's rows: its baseline first, then its ZeRO row (``None``: no report to reproduce).
         report_gpus: GPUs in the report's run.
         epoch_samples: Training examples in the report's data, for the epoch-time column (``None``: not stated).
         source: Where the report's numbers come from.
         max_batch: The search stops here (reported as "at least").
         vocab_size: Overrides the shape's vocabulary (the smoke test's tiny twins only).
         headline: Labels measured first (with the baseline and the anchor): our best configuration.
+        precision: The workload's precision, whatever the run's ``--precision`` (``None``: the run's).
+        loss_chunk_tokens: Our DeepSpeed rows of a causal LM compute its loss this many positions at a time, as
+            ``CausalLMTask(loss_chunk_tokens=...)`` does (the Llama configs set it; ``None``: the model's own loss).
     """
 
     name: str
@@ -104,13 +114,15 @@ class Experiment:
     lengths: tuple[Lengths, ...]
     strategies: tuple[StrategySpec, ...]
     anchor: str
-    report: tuple[ReportRow, ReportRow]
+    report: tuple[ReportRow, ReportRow] | None
     report_gpus: int
     epoch_samples: int | None
     source: str
     max_batch: int = 512
     vocab_size: int | None = None
     headline: tuple[str, ...] = ("lightning_ds2+hf_gc", "zero2+ac", "zero2_offload+ac+pin", "zero3_offload")
+    precision: str | None = None
+    loss_chunk_tokens: int | None = None
 
     def strategy(self, label: str) -> StrategySpec:
         """The strategy labelled ``label``: one of this experiment's rows, or of a same-config pair."""
@@ -208,6 +220,57 @@ ZERO2_OFFLOAD_AC_PIN = StrategySpec("zero2_offload+ac+pin", "ours", "zero2_offlo
 #: GPT-2 XL's pinned ZeRO-2 offload with checkpointing, searched from 16.
 GPT2_ZERO2_OFFLOAD_AC = StrategySpec("zero2_offload+ac", "ours", "zero2_offload", {**_AC, **_PINNED}, start=16)
 
+#: Hugging Face Accelerate's DeepSpeed ZeRO-3 with parameters and optimizer on the CPU and Hugging Face gradient
+#: checkpointing, configured as Accelerate's docs show: the anchor outside Lightning.
+ACCELERATE_DS3_OFFLOAD_GC = StrategySpec(
+    "accelerate_ds3_offload+hf_gc", "accelerate", "zero3_offload", hf_checkpointing=True, start=8
+)
+#: ``zero_auto`` also searching the approximate levers (bf16 optimizer states, ZenFlow), at its largest batch: the
+#: approximate partner of ``zero_auto+max``.
+ZERO_AUTO_APPROX = StrategySpec(
+    "zero_auto+approx", "auto", "zero_auto", {"batch_size": "max", "approximate": True}, batch=1
+)
+#: The anchor rows of a model that needs offload on one card: Lightning's two DeepSpeed offload strategies and
+#: Accelerate's, each with Hugging Face checkpointing (the best their users can do), against our FSDP2 offload and
+#: ``zero_auto`` exact and approximate.
+ANCHOR_LABELS = (
+    LIGHTNING_DS2_OFFLOAD_GC.label,
+    LIGHTNING_DS3_OFFLOAD_GC.label,
+    ACCELERATE_DS3_OFFLOAD_GC.label,
+    FSDP2_OFFLOAD_AC.label,
+    ZERO_AUTO_MAX.label,
+    ZERO_AUTO_APPROX.label,
+)
+
+
+def llama_experiment(name: str, start: int, ours_start: int, max_batch: int) -> Experiment:
+    """A Llama 3 shape on packed 2048-token blocks in bf16-mixed: the anchors searched from ``start``, our FSDP2
+    offload from ``ours_start``."""
+    anchors = (LIGHTNING_DS2_OFFLOAD_GC, LIGHTNING_DS3_OFFLOAD_GC, ACCELERATE_DS3_OFFLOAD_GC)
+    return Experiment(
+        name=name,
+        shape=name,
+        task="causal",
+        lengths=(Lengths("fixed", 2048),),
+        strategies=(
+            *(dataclasses.replace(spec, start=start) for spec in anchors),
+            dataclasses.replace(FSDP2_OFFLOAD_AC, start=ours_start),
+            ZERO_AUTO_MAX,
+            ZERO_AUTO_APPROX,
+        ),
+        anchor=LIGHTNING_DS3_OFFLOAD_GC.label,
+        report=None,
+        report_gpus=1,
+        epoch_samples=None,
+        source="no report: torchtune's Llama-3.1-8B full fine-tune on one RTX 4090 (18.9 GiB, 1,650 tokens/s,"
+        " compiled, packed 2048) is the published single-card figure",
+        max_batch=max_batch,
+        headline=ANCHOR_LABELS,
+        precision="bf16-mixed",
+        loss_chunk_tokens=1024,
+    )
+
+
 _MRPC = "Lightning's DeepSpeed/FairScale report (DeBERTa-v2-xlarge on MRPC, BlenderBot, GPT-2 XL), 2 GPUs"
 _HF = "Hugging Face 'Fit More and Train Faster With ZeRO via DeepSpeed and FairScale' (t5-large 2 GPUs, t5-3b 1 GPU)"
 
@@ -241,6 +304,9 @@ EXPERIMENTS: tuple[Experiment, ...] = (
                 (LIGHTNING_DS2_OFFLOAD, 13),
                 (LIGHTNING_DS2_OFFLOAD, 23),
             ),
+            LIGHTNING_DS3_OFFLOAD_GC,
+            ACCELERATE_DS3_OFFLOAD_GC,
+            ZERO_AUTO_APPROX,
         ),
         anchor="lightning_ds2_offload+hf_gc",
         report=(ReportRow("plain", None), ReportRow("ZeRO-2 + CPU offload + activation checkpointing", 20, 8.85)),
@@ -275,6 +341,9 @@ EXPERIMENTS: tuple[Experiment, ...] = (
             # zero_auto's choice with batch_size: max alone (calls 9, 10, 17: its trials fitted 197, its runs did not)
             at_batch(GPT2_ZERO2_OFFLOAD_AC, 197),
             at_batch(GPT2_ZERO2_OFFLOAD_AC, 177),
+            dataclasses.replace(LIGHTNING_DS2_OFFLOAD_GC, start=16),
+            dataclasses.replace(ACCELERATE_DS3_OFFLOAD_GC, start=16),
+            ZERO_AUTO_APPROX,
         ),
         anchor="lightning_ds3_offload",
         report=(ReportRow("DDP", None), ReportRow("ZeRO-3 + CPU offload", 16)),
@@ -342,6 +411,8 @@ EXPERIMENTS: tuple[Experiment, ...] = (
         epoch_samples=None,
         source=_HF,
     ),
+    llama_experiment("llama-3.2-3b", start=2, ours_start=8, max_batch=128),
+    llama_experiment("llama-3.1-8b", start=1, ours_start=4, max_batch=64),
 )
 
 #: Tiny twins for the CPU smoke test of the harness itself.
@@ -366,6 +437,25 @@ SMOKE_EXPERIMENTS: tuple[Experiment, ...] = (
         source="smoke test",
         max_batch=64,
         vocab_size=512,
+    ),
+    Experiment(
+        name="tiny-llama",
+        shape="tiny-llama",
+        task="causal",
+        lengths=(Lengths("fixed", 64),),
+        strategies=(
+            *(at_batch(spec, 2) for spec in (LIGHTNING_DS3_OFFLOAD_GC, ACCELERATE_DS3_OFFLOAD_GC, FSDP2_OFFLOAD_AC)),
+            dataclasses.replace(ACCELERATE_DS3_OFFLOAD_GC, start=1),
+            at_batch(ZERO3_OFFLOAD_AC, 2),
+        ),
+        anchor="lightning_ds3_offload+hf_gc@2",
+        report=None,
+        report_gpus=1,
+        epoch_samples=None,
+        source="smoke test",
+        max_batch=64,
+        vocab_size=512,
+        loss_chunk_tokens=16,
     ),
     Experiment(
         name="tiny-t5",

@@ -132,6 +132,36 @@ def _selected_rows(args: argparse.Namespace) -> list[Row]:
     return [row for row in rows if not lengths or row.lengths in lengths]
 
 
+def _refuse_unmapped_precision(rows: list[Row], precision: str) -> None:
+    """Stop before any row runs when an Accelerate row would train in a precision Accelerate has no name for."""
+    from benchmarks.bench.accelerate_run import MIXED_PRECISION
+
+    for row in rows:
+        experiment = find_experiment(row.experiment)
+        wanted = experiment.precision or precision
+        if experiment.strategy(row.strategy).kind == "accelerate" and wanted not in MIXED_PRECISION:
+            raise SystemExit(
+                f"--precision: {row.key} runs through Accelerate, which has no {wanted!r}; choose from"
+                f" {sorted(MIXED_PRECISION)}"
+            )
+
+
+def _refuse_invalid_fields(rows: list[Row]) -> None:
+    """Stop before any row runs when a row's preset fields are not its preset's (one line from the preset's own
+    check, e.g. a field this version of lightning-zero does not have yet)."""
+    from lightning_zero.errors import ZeroConfigError
+    from lightning_zero.presets import build_preset
+
+    for row in rows:
+        spec = find_experiment(row.experiment).strategy(row.strategy)
+        if not spec.zero:
+            continue
+        try:
+            build_preset(spec.strategy, **dict(spec.zero))
+        except ZeroConfigError as error:
+            raise SystemExit(f"--strategies: {row.key}: {error} (or leave the row out of --strategies)") from None
+
+
 def _refuse_unknown(flag: str, wanted: list[str], known: list[str]) -> None:
     unknown = [name for name in wanted if name not in known]
     if unknown:
@@ -295,6 +325,8 @@ def run(args: argparse.Namespace) -> None:
     settings = _settings(args)
     pairs = selected_pairs(args.overhead_pairs) if args.overhead else []
     rows = _selected_rows(args)
+    _refuse_unmapped_precision(rows, args.precision)
+    _refuse_invalid_fields(rows)
     args.out.mkdir(parents=True, exist_ok=True)
     build = start_cpu_adam_build(args.out / "cpu_adam_build.log") if args.prebuild_ops else None
     try:
@@ -364,8 +396,16 @@ def _summary(record: dict[str, Any]) -> str:
     speed = f"{len(steps) * measure['batch'] * measure.get('world_size', 1) / seconds:.1f} samples/s" if seconds else ""
     return (
         f"{record['row']}: {record['status']} max batch {record['max_batch']} (OOM {record['oom_batch']})"
-        f" {speed} search {record.get('search_s', 0)} s {_auto_text(measure)}{record.get('error', '')[-300:]}"
+        f" {speed} {_host_text(measure)}search {record.get('search_s', 0)} s {_auto_text(measure)}"
+        f"{record.get('error', '')[-300:]}"
     )
+
+
+def _host_text(measure: dict[str, Any]) -> str:
+    from benchmarks.bench.report import GIB, peak_host_bytes
+
+    peak = peak_host_bytes(measure)
+    return f"host {peak / GIB:.1f} GiB " if peak else ""
 
 
 def _auto_text(measure: dict[str, Any]) -> str:

@@ -14,7 +14,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from benchmarks.bench.catalogue import EXPERIMENTS, Experiment, find_experiment
+from benchmarks.bench.catalogue import EXPERIMENTS, Experiment, Kind, find_experiment
 
 GIB = 1024**3
 DEFAULT_PEAK_TFLOPS = 790.0
@@ -43,6 +43,8 @@ class Metrics:
     step_spread: float | None = None
     peak_reserved_gib: float | None = None
     peak_allocated_gib: float | None = None
+    peak_host_gib: float | None = None
+    setup_s: float | None = None
     epoch_s: float | None = None
     profile: Mapping[str, float] | None = None
     session: str = ""
@@ -113,9 +115,18 @@ def metrics(record: Mapping[str, Any], peak_tflops: float = DEFAULT_PEAK_TFLOPS)
         step_spread=spread,
         peak_reserved_gib=measure.get("peak_reserved", 0) / GIB,
         peak_allocated_gib=measure.get("peak_allocated", 0) / GIB,
+        peak_host_gib=peak_host_bytes(measure) / GIB if peak_host_bytes(measure) else None,
+        setup_s=measure.get("setup_s"),
         epoch_s=experiment.epoch_samples / samples_per_s if experiment.epoch_samples else None,
         profile=profile,
     )
+
+
+def peak_host_bytes(measure: Mapping[str, Any]) -> int:
+    """The host-memory peak of a measurement: the larger of the sampled peak of every rank's process tree and the
+    kernel's exact high-water mark of rank 0's own process (both fall short of the true peak of the tree: the
+    sample by what happens between samples, the mark by the other processes); 0 when neither was recorded."""
+    return max(int(measure.get("peak_host_tree", 0)), int(measure.get("peak_rss", 0)))
 
 
 def _profile_shares(steps: list[Mapping[str, float]]) -> dict[str, float] | None:
@@ -203,7 +214,8 @@ def _batch_text(m: Metrics) -> str:
 
 HEADER = (
     "| strategy | max batch: search (first OOM); fresh run | samples/s | tokens/s | MFU | step s (p10-p90 spread)"
-    " | timed / skipped | peak GiB reserved | epoch s | x single: batch / speed | x Lightning: batch / speed"
+    " | timed / skipped | peak GiB reserved | peak host GiB | epoch s | x single: batch / speed"
+    " | x Lightning: batch / speed"
     " | fwd/bwd/opt % |"
 )
 
@@ -223,7 +235,8 @@ def markdown_table(rows: list[TableRow], experiment: Experiment, lengths: str) -
         lines.append(
             f"| {m.strategy} | {_batch_text(m)} | {_fmt(m.samples_per_s, 1)} | {_fmt(m.tokens_per_s, 0)}"
             f" | {_fmt(100 * m.mfu if m.mfu else None, 1, '%')} | {_fmt(m.step_s_median, 3)}{spread}"
-            f" | {m.timed_steps} / {m.skipped_steps} | {_fmt(m.peak_reserved_gib, 1)} | {_fmt(m.epoch_s, 1)}"
+            f" | {m.timed_steps} / {m.skipped_steps} | {_fmt(m.peak_reserved_gib, 1)} | {_fmt(m.peak_host_gib, 1)}"
+            f" | {_fmt(m.epoch_s, 1)}"
             f" | {_fmt(row.batch_vs_single)} / {_fmt(row.speed_vs_single)}{mark}"
             f" | {_fmt(row.batch_vs_anchor)} / {_fmt(row.speed_vs_anchor)}{mark} | {profile} |"
         )
@@ -232,6 +245,8 @@ def markdown_table(rows: list[TableRow], experiment: Experiment, lengths: str) -
 
 def report_line(experiment: Experiment) -> str:
     """The report's own numbers and its ratio."""
+    if experiment.report is None:
+        return f"No report to reproduce ({experiment.source})."
     base, zero = experiment.report
     parts = []
     for row in (base, zero):
@@ -303,6 +318,66 @@ def auto_section(rows: Iterable[TableRow]) -> str:
             + "\n"
         )
     return text
+
+
+def row_kind(m: Metrics) -> Kind | None:
+    """Who provides the row's strategy (``None``: a label the catalogue no longer has)."""
+    try:
+        return find_experiment(m.experiment).strategy(m.strategy).kind
+    except KeyError:
+        return None
+
+
+def fastest(rows: Iterable[Metrics], kind: Kind) -> Metrics | None:
+    """The measured row of ``kind`` with the most tokens/s."""
+    measured = [m for m in rows if row_kind(m) == kind and m.tokens_per_s]
+    return max(measured, key=lambda m: m.tokens_per_s or 0.0) if measured else None
+
+
+def _versus(m: Metrics, reference: Metrics | None) -> str:
+    if reference is None:
+        return ""
+    mark = " †" if m.tokens_per_s and m.session != reference.session else ""
+    return _fmt(_ratio(m.tokens_per_s, reference.tokens_per_s)) + mark
+
+
+ANCHOR_HEADER = (
+    "| strategy | max batch: search (first OOM); fresh run | tokens/s | MFU | peak GPU GiB | peak host GiB"
+    " | set-up s | x best Lightning | x Accelerate |"
+)
+
+
+def anchor_section(rows: Iterable[TableRow]) -> str:
+    """Every row of an experiment that has an Accelerate row, its tokens/s against the fastest Lightning row and
+    the fastest Accelerate row of the same lengths: Lightning's and Accelerate's own DeepSpeed with Hugging Face
+    checkpointing are the best their users can do. ``set-up s`` runs from the strategy's set-up to the first
+    step: for ``zero_auto`` it holds its whole search."""
+    metrics_list = [row.metrics for row in rows]
+    sections = []
+    for name, lengths in dict.fromkeys((m.experiment, m.lengths) for m in metrics_list):
+        group = [m for m in metrics_list if (m.experiment, m.lengths) == (name, lengths)]
+        if not any(row_kind(m) == "accelerate" for m in group):
+            continue
+        lightning, accelerate = fastest(group, "lightning"), fastest(group, "accelerate")
+        lines = [
+            f"### Anchors: {name}, lengths: {lengths}",
+            "",
+            f"Fastest Lightning row: {lightning.strategy if lightning else 'none measured'}; fastest Accelerate"
+            f" row: {accelerate.strategy if accelerate else 'none measured'} († a ratio to a row from another"
+            " machine or GPU).",
+            "",
+            ANCHOR_HEADER,
+            "|" + "---|" * (ANCHOR_HEADER.count("|") - 1),
+        ]
+        for m in group:
+            lines.append(
+                f"| {m.strategy} | {_batch_text(m)} | {_fmt(m.tokens_per_s, 0)}"
+                f" | {_fmt(100 * m.mfu if m.mfu else None, 1, '%')} | {_fmt(m.peak_reserved_gib, 1)}"
+                f" | {_fmt(m.peak_host_gib, 1)} | {_fmt(m.setup_s, 0)} | {_versus(m, lightning)}"
+                f" | {_versus(m, accelerate)} |"
+            )
+        sections.append("\n".join(lines) + "\n")
+    return "\n".join(sections)
 
 
 def compile_section(rows: Iterable[TableRow]) -> str:
@@ -395,7 +470,7 @@ def write_outputs(records: Iterable[Mapping[str, Any]], out: Path, peak_tflops: 
                 continue
             sections.append(f"### {name}, lengths: {lengths}\n\n{report_line(experiment)}\n\n")
             sections[-1] += markdown_table(rows, experiment, lengths)
-    sections += [text for text in (auto_section(rows), compile_section(rows)) if text]
+    sections += [text for text in (anchor_section(rows), auto_section(rows), compile_section(rows)) if text]
     overhead = overhead_section(records)
     if overhead:
         sections.append(overhead)

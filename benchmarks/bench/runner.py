@@ -21,6 +21,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import psutil
+
 from benchmarks.bench.catalogue import Experiment, Row, StrategySpec, find_experiment
 from benchmarks.bench.search import Bracket, SearchPolicy, bracket
 
@@ -78,12 +80,18 @@ class RunSettings:
 
 @dataclasses.dataclass
 class TrialOutcome:
-    """What the ranks of one trial process wrote, and how it ended."""
+    """What the ranks of one trial process wrote, and how it ended.
+
+    ``peak_host_bytes`` is the largest resident memory of all ranks' process trees, sampled at every poll;
+    ``killed``: a rank ended on SIGKILL before the harness ended the trial.
+    """
 
     records: list[list[dict[str, Any]]]
     exit_codes: list[int | None]
     timed_out: bool
     seconds: float
+    peak_host_bytes: int = 0
+    killed: bool = False
 
     def events(self, name: str) -> list[dict[str, Any]]:
         return [record for rank in self.records for record in rank if record.get("event") == name]
@@ -106,7 +114,8 @@ class TrialOutcome:
         if self.timed_out:
             return "timed out"
         if any(code not in (0, None) for code in self.exit_codes):
-            return f"exit codes {self.exit_codes}"
+            killed = " (killed by SIGKILL: host out of memory?)" if self.killed else ""
+            return f"exit codes {self.exit_codes}{killed}"
         return None
 
 
@@ -118,6 +127,26 @@ class Clock:
 
     def left(self) -> float:
         return self.deadline - time.monotonic()
+
+
+def tree_rss(pids: list[int]) -> int:
+    """Resident memory of the processes ``pids`` and all their descendants now, in bytes (shared pages counted
+    once per process)."""
+    total = 0
+    for pid in pids:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            root = psutil.Process(pid)
+            for process in (root, *root.children(recursive=True)):
+                with contextlib.suppress(psutil.NoSuchProcess):
+                    total += process.memory_info().rss
+    return total
+
+
+def needs_rendezvous(settings: RunSettings, fits: list[dict[str, Any]]) -> bool:
+    """Whether the ranks get the rendezvous variables (``RANK``, ``MASTER_ADDR``, ...): on several devices, and for
+    Accelerate rows, which ``accelerate launch`` would start with them even for one process."""
+    kinds = {find_experiment(fit["experiment"]).strategy(fit["strategy"]).kind for fit in fits}
+    return settings.devices > 1 or "accelerate" in kinds
 
 
 def _free_port() -> int:
@@ -195,10 +224,11 @@ def run_trial(settings: RunSettings, name: str, fits: list[dict[str, Any]], time
     spec_path = folder / "spec.json"
     spec_path.write_text(json.dumps(spec, indent=1))
     port = _free_port()
+    rendezvous = needs_rendezvous(settings, fits)
     processes = []
     for rank in range(settings.devices):
         env = child_environment()
-        if settings.devices > 1:
+        if rendezvous:
             env.update(
                 RANK=str(rank),
                 LOCAL_RANK=str(rank),
@@ -214,9 +244,12 @@ def run_trial(settings: RunSettings, name: str, fits: list[dict[str, Any]], time
     start = time.monotonic()
     ended_at: float | None = None
     timed_out = False
+    peak_host = 0
+    codes: list[int | None] = []
     try:
         while True:
             time.sleep(0.25)
+            peak_host = max(peak_host, tree_rss([p.pid for p in processes]))
             records = [_read_records(folder / f"rank{rank}.jsonl") for rank in range(settings.devices)]
             codes = [p.poll() for p in processes]
             if all(code is not None for code in codes):
@@ -234,16 +267,24 @@ def run_trial(settings: RunSettings, name: str, fits: list[dict[str, Any]], time
         for process in processes:
             process.wait()
     records = [_read_records(folder / f"rank{rank}.jsonl") for rank in range(settings.devices)]
+    # a process that had ended on SIGKILL before the harness killed the rest: the kernel's OOM killer, most likely
+    killed = -signal.SIGKILL in codes
     codes = [p.returncode for p in processes]
-    return TrialOutcome(records, codes, timed_out, round(time.monotonic() - start, 1))
+    return TrialOutcome(records, codes, timed_out, round(time.monotonic() - start, 1), peak_host, killed)
 
 
-def _search_fit(row: Row, policy: SearchPolicy) -> dict[str, Any]:
+def row_precision(settings: RunSettings, row: Row) -> str:
+    """The precision ``row`` trains in: its experiment's own, else the run's."""
+    return find_experiment(row.experiment).precision or settings.precision
+
+
+def _search_fit(settings: RunSettings, row: Row, policy: SearchPolicy) -> dict[str, Any]:
     return {
         "mode": "search",
         "experiment": row.experiment,
         "lengths": row.lengths,
         "strategy": row.strategy,
+        "precision": row_precision(settings, row),
         "policy": dataclasses.asdict(policy),
     }
 
@@ -255,6 +296,7 @@ def measure_fit(settings: RunSettings, row: Row, batch: int, **extra: Any) -> di
         "experiment": row.experiment,
         "lengths": row.lengths,
         "strategy": row.strategy,
+        "precision": row_precision(settings, row),
         "batch": batch,
         "warmup": settings.warmup,
         "steps": settings.steps,
@@ -289,7 +331,8 @@ def search_row(settings: RunSettings, row: Row, experiment: Experiment, clock: C
         if budget <= 10:
             break
         policy = SearchPolicy(start, limit, settings.tolerance, budget_s=budget, history=tuple(history))
-        outcome = run_trial(settings, f"{_slug(row)}-search{attempt}", [_search_fit(row, policy)], budget + 120)
+        fits = [_search_fit(settings, row, policy)]
+        outcome = run_trial(settings, f"{_slug(row)}-search{attempt}", fits, budget + 120)
         seconds += outcome.seconds
         session = session or _session(outcome)
         rank0 = outcome.records[0] if outcome.records else []
@@ -380,7 +423,8 @@ def measure_row(
         session = _session(outcome)
         measured = outcome.events("measured")
         if measured:
-            return MeasureResult(measured[0], batch, fresh_ooms, None, seconds, session)
+            record = {**measured[0], "peak_host_tree": outcome.peak_host_bytes}
+            return MeasureResult(record, batch, fresh_ooms, None, seconds, session)
         if not outcome.events("oom") or batch <= 1:
             return MeasureResult(None, batch, fresh_ooms, outcome.error() or "no measurement", seconds, session)
         fresh_ooms.append(batch)
@@ -451,7 +495,7 @@ def run_row(
         "strategy": row.strategy,
         "devices": settings.devices,
         "memory_cap_gib": settings.memory_cap_gib,
-        "precision": settings.precision,
+        "precision": row_precision(settings, row),
         "started": started,
     }
     spec = experiment.strategy(row.strategy)

@@ -19,11 +19,12 @@ import gc
 import json
 import os
 import platform
+import resource
 import sys
 import time
 import traceback
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, Protocol, TextIO, runtime_checkable
 
 import lightning as L
 import torch
@@ -35,6 +36,20 @@ from benchmarks.bench.workload import BenchModule, make_strategy, step_loader
 EXIT_OOM = 3
 EXIT_ERROR = 4
 MAX_STEPS = 1_000_000
+
+
+@runtime_checkable
+class StepSource(Protocol):
+    """What a measurement reads from the module after each step (a :class:`BenchModule`, or the Accelerate loop's
+    stand-in)."""
+
+    last_batch: int
+    last_facts: dict[str, int]
+
+
+def own_peak_rss() -> int:
+    """This process's resident-memory high-water mark in bytes, as the kernel counts it (Linux: KiB)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
 class RecordWriter:
@@ -281,7 +296,7 @@ class MeasureController(Controller):
             self.record_memory("first_step_end")
         before = self.skips.skipped
         skipped = self.skips.update(trainer) > before
-        assert isinstance(pl_module, BenchModule)
+        assert isinstance(pl_module, StepSource)
         self.batch = pl_module.last_batch
         step = {"s": end - self.marks["start"], "skipped": skipped, **pl_module.last_facts}
         if self.phase == "warmup":
@@ -318,6 +333,7 @@ class MeasureController(Controller):
             peak_reserved=reserved,
             skipped_total=self.skips.skipped,
             setup_s=round(self.fit_started - self.setup_started, 1),
+            peak_rss=own_peak_rss(),
             **auto_choice(trainer.strategy),
         )
         trainer.should_stop = True
@@ -401,6 +417,15 @@ def run_fit(fit: dict[str, Any], spec: dict[str, Any], writer: RecordWriter, ind
     lengths = experiment.length(fit["lengths"])
     controller = _controller(fit, spec, writer, index)
     cap = float(spec["memory_cap_gib"])
+    precision = fit.get("precision") or spec["precision"]
+    controller.record(event="start", mode=fit["mode"], label=fit.get("label", fit["strategy"]))
+    if strategy_spec.kind == "accelerate":
+        from benchmarks.bench.accelerate_run import run_accelerate_fit
+
+        start = int(fit["batch"] if fit["mode"] == "measure" else fit["policy"]["start"])
+        run_accelerate_fit(experiment, strategy_spec, lengths, controller, cap, precision, start, seed=index)
+        _reset_memory(controller.device)
+        return
     by_loader = strategy_spec.loader_driven
     module = BenchModule(
         experiment,
@@ -414,8 +439,10 @@ def run_fit(fit: dict[str, Any], spec: dict[str, Any], writer: RecordWriter, ind
     trainer = L.Trainer(
         accelerator=spec["accelerator"],
         devices=int(spec["devices"]),
-        strategy=make_strategy(strategy_spec, int(spec["devices"]), fit.get("deepspeed_config"), cap),
-        precision=spec["precision"],
+        strategy=make_strategy(
+            strategy_spec, int(spec["devices"]), fit.get("deepspeed_config"), cap, spec["accelerator"]
+        ),
+        precision=precision,
         max_steps=MAX_STEPS,
         logger=False,
         enable_checkpointing=False,
@@ -426,7 +453,6 @@ def run_fit(fit: dict[str, Any], spec: dict[str, Any], writer: RecordWriter, ind
         num_sanity_val_steps=0,
         callbacks=[controller],
     )
-    controller.record(event="start", mode=fit["mode"], label=fit.get("label", fit["strategy"]))
     if by_loader:
         trainer.fit(module)
     else:

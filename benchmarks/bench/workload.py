@@ -18,9 +18,10 @@ import torch
 from torch.utils.data import DataLoader
 from transformers import AutoModelForCausalLM, AutoModelForSeq2SeqLM, AutoModelForSequenceClassification
 
-from benchmarks.bench.catalogue import Experiment, Lengths, StrategySpec
+from benchmarks.bench.catalogue import CHUNKED_LOSS_KINDS, Experiment, Lengths, StrategySpec
 from benchmarks.bench.lengths import LengthDistribution, load_distribution, padded
 from lightning_zero.models.loading import build_model, import_model_class
+from lightning_zero.tasks.losses import causal_lm_nll, supports_chunked_loss
 
 GIB = 1024**3
 IGNORE_INDEX = -100
@@ -113,12 +114,11 @@ class BenchModule(L.LightningModule):
         self.last_facts: dict[str, int] = {}
         self.last_batch = 0
         self.hf_zero3: Any = None
+        self.chunked_loss = False
 
     def setup(self, stage: str) -> None:
         import_model_class(AUTO_CLASSES[self.experiment.task], f"shape:{self.experiment.shape}")  # as the tasks do
-        if self.memory_cap_gib and self.device.type == "cuda":  # Lightning sets the device before this hook
-            total = torch.cuda.get_device_properties(self.device).total_memory
-            torch.cuda.set_per_process_memory_fraction(min(1.0, self.memory_cap_gib * GIB / total), self.device)
+        cap_gpu_memory(self.device, self.memory_cap_gib)  # Lightning sets the device before this hook
 
     def configure_model(self) -> None:
         if self.model is not None:
@@ -126,19 +126,10 @@ class BenchModule(L.LightningModule):
         strategy: Any = self.trainer.strategy
         if self.spec.kind == "lightning" and getattr(strategy, "zero_stage_3", False):
             self._tell_transformers_zero3_is_on(strategy.config)
-        task = self.experiment.task
-        self.model = build_model(
-            AUTO_CLASSES[task],
-            f"shape:{self.experiment.shape}",
-            vocab_size=self.experiment.vocab_size,
-            **_CONFIG_OVERRIDES[task],
-        )
-        if self.spec.hf_checkpointing:  # as a Lightning user would; non-reentrant, as lightning-zero's own
-            self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-        if hasattr(self.model.config, "use_cache"):
-            self.model.config.use_cache = False
+        self.model = build_workload_model(self.experiment, self.spec)
+        self.chunked_loss = uses_chunked_loss(self.experiment, self.spec, self.model)
         vocab = int(self.model.config.vocab_size)
-        self.maker = BatchMaker(task, self.lengths_spec, vocab, self.seed + self.global_rank)
+        self.maker = BatchMaker(self.experiment.task, self.lengths_spec, vocab, self.seed + self.global_rank)
 
     def _tell_transformers_zero3_is_on(self, deepspeed_config: dict[str, Any]) -> None:
         """What transformers' docs tell a user of DeepSpeed outside its Trainer to do before building a model
@@ -161,7 +152,17 @@ class BenchModule(L.LightningModule):
         size, worst = self.next_batch() if self.next_batch is not None else (int(batch.shape[0]), False)
         inputs, self.last_facts = self.maker.make(size, self.device, worst)
         self.last_batch = size
+        if self.chunked_loss:  # as CausalLMTask computes it: the same mean over scored tokens as the model's own
+            nll, tokens = causal_lm_nll(
+                self.model, inputs["input_ids"], inputs["attention_mask"], inputs["labels"], self.chunk_tokens
+            )
+            return nll / tokens
         return self.model(**inputs).loss
+
+    @property
+    def chunk_tokens(self) -> int:
+        assert self.experiment.loss_chunk_tokens is not None
+        return self.experiment.loss_chunk_tokens
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
         if self.spec.kind == "lightning" and self.spec.offloads:
@@ -176,6 +177,34 @@ class BenchModule(L.LightningModule):
         return step_loader(LOADER_ITEMS, self.batch_size)
 
 
+def cap_gpu_memory(device: torch.device, cap_gib: float) -> None:
+    """Cap this process's memory on a CUDA ``device`` at ``cap_gib`` (the emulated card); nothing elsewhere or at 0."""
+    if cap_gib and device.type == "cuda":
+        total = torch.cuda.get_device_properties(device).total_memory
+        torch.cuda.set_per_process_memory_fraction(min(1.0, cap_gib * GIB / total), device)
+
+
+def build_workload_model(experiment: Experiment, spec: StrategySpec) -> Any:
+    """The experiment's model, with Hugging Face gradient checkpointing switched on by hand where ``spec`` says, as
+    a Lightning or Accelerate user would (non-reentrant, as lightning-zero's own), and no cache of past keys."""
+    task = experiment.task
+    model: Any = build_model(
+        AUTO_CLASSES[task], f"shape:{experiment.shape}", vocab_size=experiment.vocab_size, **_CONFIG_OVERRIDES[task]
+    )
+    if spec.hf_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    if hasattr(model.config, "use_cache"):
+        model.config.use_cache = False
+    return model
+
+
+def uses_chunked_loss(experiment: Experiment, spec: StrategySpec, model: Any) -> bool:
+    """Whether the row computes its causal-LM loss in chunks (:attr:`Experiment.loss_chunk_tokens`): our DeepSpeed
+    rows, on models whose chunked loss is exact."""
+    chunked = experiment.loss_chunk_tokens is not None and spec.kind in CHUNKED_LOSS_KINDS
+    return chunked and supports_chunked_loss(model)
+
+
 #: Items of a loader-driven row's dataloader: more than any measurement takes.
 LOADER_ITEMS = 10**9
 
@@ -187,11 +216,16 @@ def step_loader(steps: int, batch_size: int = 1) -> DataLoader:
 
 
 def make_strategy(
-    spec: StrategySpec, devices: int, deepspeed_config: dict[str, Any] | None = None, memory_cap_gib: float = 0.0
+    spec: StrategySpec,
+    devices: int,
+    deepspeed_config: dict[str, Any] | None = None,
+    memory_cap_gib: float = 0.0,
+    accelerator: str = "gpu",
 ) -> Any:
     """The Trainer's ``strategy`` argument for ``spec`` (a name, or a built strategy when fields are overridden).
 
-    ``zero_auto`` rows get ``memory_cap_gib`` as their memory budget.
+    ``zero_auto`` rows get ``memory_cap_gib`` as their memory budget. Lightning's rows on ``accelerator="cpu"``
+    (the harness's own tests) get :func:`lightning_deepspeed_on_cpu`.
     """
     if spec.kind == "auto" and memory_cap_gib:
         spec = dataclasses.replace(spec, zero={"memory_budget_gib": memory_cap_gib, **spec.zero})
@@ -205,6 +239,8 @@ def make_strategy(
         return ZeroStrategy(deepspeed_config=deepspeed_config)
     if spec.kind == "single":
         return "ddp" if devices > 1 else "auto"
+    if spec.kind == "lightning" and accelerator == "cpu":
+        return lightning_deepspeed_on_cpu(spec.strategy)
     if spec.zero:
         return _registered_variant(spec)
     return spec.strategy
@@ -226,3 +262,19 @@ def _registered_variant(spec: StrategySpec) -> str:
     factory = partial(build_preset, spec.strategy, **dict(spec.zero))
     StrategyRegistry.register(name, factory, description=f"benchmark variant {spec.label}", override=True)
     return name
+
+
+def lightning_deepspeed_on_cpu(name: str) -> Any:
+    """Lightning's registered DeepSpeed strategy ``name`` (its own class and settings) made to start on CPU, for the
+    harness's CPU tests: Lightning refuses anything but CUDA at set-up and passes DeepSpeed a device index that is
+    ``None`` on CPU; lightning-zero's set-up stands in for those two places only, the step path is Lightning's."""
+    from lightning.pytorch.strategies import StrategyRegistry
+
+    from lightning_zero.strategies.deepspeed import DeepSpeedZeroStrategy, _DeepSpeedOnCpu
+
+    class LightningDeepSpeedOnCpu(_DeepSpeedOnCpu):
+        _device_rank = DeepSpeedZeroStrategy._device_rank
+        _setup_model_and_optimizer = DeepSpeedZeroStrategy._setup_model_and_optimizer
+        _deepspeed_initialize = DeepSpeedZeroStrategy._deepspeed_initialize
+
+    return LightningDeepSpeedOnCpu(**StrategyRegistry[name]["init_params"])
