@@ -4,6 +4,7 @@ Importing the package registers the presets (``zero1`` ... ``zero3_offload_nvme`
 strategy registry, so ``Trainer(strategy="zero3_offload")`` works.
 """
 
+from lightning_zero.auto.strategy import AutoZeroConfig, ZeroAutoStrategy
 from lightning_zero.errors import LightningZeroError, ZeroConfigError, ZeroDataError
 from lightning_zero.presets import PRESETS, build_preset, preset_names, register_presets
 from lightning_zero.strategies import DeepSpeedZeroConfig, DeepSpeedZeroStrategy, ZeroConfig, ZeroStrategy
@@ -14,9 +15,11 @@ __version__ = "0.1.0"
 
 __all__ = [
     "PRESETS",
+    "AutoZeroConfig",
     "DeepSpeedZeroConfig",
     "DeepSpeedZeroStrategy",
     "LightningZeroError",
+    "ZeroAutoStrategy",
     "ZeroConfig",
     "ZeroConfigError",
     "ZeroDataError",

@@ -114,3 +114,18 @@ def test_escalation_goes_from_least_to_most_memory_saving() -> None:
     ]
     assert [name for name, _ in escalation("fairscale")] == ["zero1_fairscale", "zero2_fairscale", "zero3_offload"]
     assert [name for name, _ in escalation("fsdp2")] == ["zero2_fsdp", "zero3_fsdp", "zero3_offload_fsdp"]
+
+
+def test_teardown_lifts_the_process_wide_gpu_cap(monkeypatch: pytest.MonkeyPatch) -> None:
+    from types import SimpleNamespace
+
+    from lightning_zero.memory.budget import lift_memory_budget
+
+    fractions: list[tuple[float, torch.device]] = []
+    monkeypatch.setattr(torch.cuda, "set_per_process_memory_fraction", lambda f, d: fractions.append((f, d)))
+    gpu = torch.device("cuda", 0)
+    lift_memory_budget(SimpleNamespace(root_device=gpu, zero=SimpleNamespace(memory_budget_gib=None)))
+    lift_memory_budget(SimpleNamespace(root_device=torch.device("cpu"), zero=SimpleNamespace(memory_budget_gib=24)))
+    assert fractions == []  # nothing was capped
+    lift_memory_budget(SimpleNamespace(root_device=gpu, zero=SimpleNamespace(memory_budget_gib=24)))
+    assert fractions == [(1.0, gpu)]

@@ -15,7 +15,6 @@ from torch.utils.data import BatchSampler, Dataset, RandomSampler
 from torch.utils.data.distributed import DistributedSampler
 
 from lightning_zero.data.batching import (
-    DynamicPaddingCollator,
     LengthBucketBatchSampler,
     TextExamples,
     TokenizedDataset,
@@ -119,22 +118,6 @@ def test_setup_tokenises_unpadded_and_truncated(small_module: MovieReviewsDataMo
     assert item["input_ids"][0] == load_tokenizer(TOKENIZER).cls_token_id
 
 
-def test_collator_pads_to_the_longest_in_the_batch() -> None:
-    collate = DynamicPaddingCollator(pad_token_id=5)
-    batch = collate(
-        [
-            {"input_ids": [1, 2, 3], "attention_mask": [1, 1, 1], "labels": 1},
-            {"input_ids": [4], "attention_mask": [1], "labels": 0},
-        ]
-    )
-    assert batch["input_ids"].tolist() == [[1, 2, 3], [4, 5, 5]]
-    assert batch["attention_mask"].tolist() == [[1, 1, 1], [1, 0, 0]]
-    assert batch["labels"].tolist() == [1, 0] and batch["labels"].dtype == torch.long
-    assert "token_type_ids" not in batch
-    padded = DynamicPaddingCollator(pad_token_id=0, pad_to_multiple_of=8)([{"input_ids": [1] * 9, "labels": 0}])
-    assert padded["input_ids"].shape == (1, 16)
-
-
 def test_loader_batches_are_padded_per_batch(small_module: MovieReviewsDataModule) -> None:
     dataset = small_module.datasets["validation"]
     loader = small_module.val_dataloader()
@@ -184,10 +167,14 @@ def test_bucket_sampler_without_shuffle_keeps_chunk_order() -> None:
     assert dropped == [[1, 3], [4, 2]]
 
 
+def stack_labels(examples: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
+    return {"labels": torch.tensor([example["labels"] for example in examples])}
+
+
 def test_lightning_can_inject_its_distributed_sampler_into_the_bucket_sampler() -> None:
     dataset = TokenizedDataset({"input_ids": [[1] * (i % 7 + 1) for i in range(40)]}, [0] * 40)
     with _replace_dunder_methods(BatchSampler):  # what Lightning does around `train_dataloader`
-        loader = build_dataloader(dataset, DynamicPaddingCollator(0), 4, train=True, bucket_by_length=True)
+        loader = build_dataloader(dataset, stack_labels, 4, train=True, bucket_by_length=True)
     injected: DistributedSampler[Any] = DistributedSampler(dataset, num_replicas=2, rank=1, shuffle=True, seed=0)
     updated = _update_dataloader(loader, injected)
     assert isinstance(updated.batch_sampler, LengthBucketBatchSampler)
@@ -197,11 +184,11 @@ def test_lightning_can_inject_its_distributed_sampler_into_the_bucket_sampler() 
 
 def test_dataloaders_leave_sharding_to_lightning() -> None:
     dataset = TokenizedDataset({"input_ids": [[1, 2]] * 30}, list(range(30)))
-    loader = build_dataloader(dataset, DynamicPaddingCollator(0), 4, train=True)
+    loader = build_dataloader(dataset, stack_labels, 4, train=True)
     assert isinstance(loader.sampler, RandomSampler)  # Lightning swaps in its DistributedSampler
     labels = [label for batch in loader for label in batch["labels"].tolist()]
     assert sorted(labels) == list(range(30)) and labels != list(range(30))
-    evaluation = build_dataloader(dataset, DynamicPaddingCollator(0), 4, train=False)
+    evaluation = build_dataloader(dataset, stack_labels, 4, train=False)
     assert [label for batch in evaluation for label in batch["labels"].tolist()] == list(range(30))
 
 

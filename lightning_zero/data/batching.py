@@ -1,4 +1,4 @@
-"""Tokenised datasets, dynamic padding and length-bucketed batches for text classification.
+"""Tokenised datasets and length-bucketed batches for text classification (padded by transformers' collator).
 
 Dynamic padding pads each batch to its own longest sequence rather than to ``max_length``; with short texts
 (most movie-review snippets and MRPC pairs are far below 128 tokens) this is most of the speed of a run.
@@ -12,7 +12,7 @@ epoch through ``set_epoch``), so the batch sampler only regroups this rank's ind
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -82,35 +82,6 @@ def tokenize_examples(tokenizer: PreTrainedTokenizerBase, examples: TextExamples
         padding=False,
     )
     return TokenizedDataset(dict(encoded), examples.labels)
-
-
-@dataclass
-class DynamicPaddingCollator:
-    """Pads a list of tokenised examples to the longest one in the batch (right padding).
-
-    Args:
-        pad_token_id: The tokenizer's pad id, used for ``input_ids``; masks and token types pad with 0.
-        pad_to_multiple_of: Round the padded length up to a multiple of this (e.g. 8 for tensor cores).
-    """
-
-    pad_token_id: int
-    pad_to_multiple_of: int | None = None
-
-    def padded_length(self, longest: int) -> int:
-        """The length a batch whose longest example has ``longest`` tokens is padded to."""
-        multiple = self.pad_to_multiple_of
-        return longest if not multiple else -(-longest // multiple) * multiple
-
-    def __call__(self, examples: Sequence[Mapping[str, Any]]) -> dict[str, torch.Tensor]:
-        length = self.padded_length(max(len(example["input_ids"]) for example in examples))
-        batch = {"labels": torch.tensor([int(example["labels"]) for example in examples], dtype=torch.long)}
-        for key, pad in PAD_VALUES.items():
-            if key not in examples[0]:
-                continue
-            value = self.pad_token_id if pad is None else pad
-            rows = [list(example[key]) + [value] * (length - len(example[key])) for example in examples]
-            batch[key] = torch.tensor(rows, dtype=torch.long)
-        return batch
 
 
 class LengthBucketBatchSampler(BatchSampler):
@@ -183,7 +154,7 @@ class LengthBucketBatchSampler(BatchSampler):
 
 def build_dataloader(
     dataset: TokenizedDataset,
-    collator: DynamicPaddingCollator,
+    collator: Callable[[list[dict[str, Any]]], dict[str, torch.Tensor]],
     batch_size: int,
     *,
     train: bool,

@@ -18,9 +18,9 @@ from typing import Any
 
 from lightning.pytorch import LightningDataModule
 from torch.utils.data import DataLoader
+from transformers import DataCollatorWithPadding
 
 from lightning_zero.data.batching import (
-    DynamicPaddingCollator,
     TextExamples,
     TokenizedDataset,
     build_dataloader,
@@ -272,7 +272,7 @@ class TextClassificationDataModule(LightningDataModule):
         self.limits = {TRAIN: limit_train, VALIDATION: limit_val}
         self.datasets: dict[str, TokenizedDataset] = {}
         self.label_names: list[str] | None = None
-        self.collator: DynamicPaddingCollator | None = None
+        self.collator: DataCollatorWithPadding | None = None
 
     def load_examples(self) -> dict[str, TextExamples]:
         """The raw ``"train"`` and ``"validation"`` examples (labels already integers)."""
@@ -294,7 +294,7 @@ class TextClassificationDataModule(LightningDataModule):
         tokenizer = load_tokenizer(self.tokenizer_name)
         if tokenizer.pad_token_id is None:
             raise ZeroConfigError(f"Tokenizer {self.tokenizer_name!r} has no pad token: use one that has.")
-        self.collator = DynamicPaddingCollator(pad_token_id=int(tokenizer.pad_token_id))
+        self.collator = DataCollatorWithPadding(tokenizer, return_tensors="pt")  # right-pads to the batch's longest
         for split, examples in self.load_examples().items():
             limited = limit_examples(examples, self.limits[split])
             self.datasets[split] = tokenize_examples(tokenizer, limited, self.max_length)

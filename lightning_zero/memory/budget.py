@@ -71,6 +71,14 @@ def cap_device_memory(device: torch.device, budget_gib: float) -> None:
     torch.cuda.set_per_process_memory_fraction(min(1.0, budget_gib * GIB / total), device)
 
 
+def lift_memory_budget(strategy: Any) -> None:
+    """Undo :func:`apply_memory_budget`'s cap on the process's GPU memory (the strategy's ``teardown``): the cap is
+    process-wide, and a later run in the same process must not inherit it."""
+    device = strategy.root_device
+    if strategy.zero.memory_budget_gib is not None and device.type == "cuda":
+        torch.cuda.set_per_process_memory_fraction(1.0, device)
+
+
 def check_host_memory(needed_bytes: int, what: str, available_bytes: int | None = None) -> None:
     """Raise when the host has less free RAM than ``needed_bytes`` for ``what``."""
     available = psutil.virtual_memory().available if available_bytes is None else available_bytes

@@ -30,7 +30,7 @@ from torch.optim import Optimizer
 
 from lightning_zero.checkpoint.strategy import SafeCheckpoints
 from lightning_zero.errors import ZeroConfigError
-from lightning_zero.memory.budget import apply_memory_budget
+from lightning_zero.memory.budget import apply_memory_budget, lift_memory_budget
 from lightning_zero.models.blocks import prepare_blocks
 from lightning_zero.runtime.devices import broadcast_module_states, optimizers_to_device
 from lightning_zero.runtime.watchdog import WatchedRanks
@@ -193,6 +193,7 @@ class FairScaleStrategy(WatchedRanks, SafeCheckpoints, DDPStrategy):
     def teardown(self) -> None:
         if self.sharded_ddp is not None:
             self.model = self.lightning_module
+        lift_memory_budget(self)
         super().teardown()
 
     def checkpoint_identity(self) -> tuple[str, int]:

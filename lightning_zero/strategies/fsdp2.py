@@ -28,7 +28,7 @@ from torch import nn
 from lightning_zero.checkpoint.strategy import SafeCheckpoints
 from lightning_zero.errors import ZeroConfigError
 from lightning_zero.internals import materialize_meta_module
-from lightning_zero.memory.budget import apply_memory_budget
+from lightning_zero.memory.budget import apply_memory_budget, lift_memory_budget
 from lightning_zero.models.blocks import prepare_blocks, transformer_blocks
 from lightning_zero.runtime.devices import optimizers_to_device
 from lightning_zero.runtime.watchdog import WatchedRanks
@@ -116,6 +116,10 @@ class FSDP2Strategy(WatchedRanks, SafeCheckpoints, ModelParallelStrategy):
         self.setup_precision_plugin()
         if fitting and not self.offloads:
             optimizers_to_device(self.optimizers, self.root_device)
+
+    def teardown(self) -> None:
+        lift_memory_budget(self)
+        super().teardown()
 
     def _fuse_offloaded_adam(self) -> None:
         """Plain torch Adam/AdamW optimizers with no loop chosen (``foreach``/``fused``) become fused ones, their LR
