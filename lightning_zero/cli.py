@@ -68,13 +68,7 @@ class ZeroCLI(LightningCLI):
         check_checkpoint(self._ckpt_path(), self.model)
 
     def instantiate_classes(self) -> None:
-        try:
-            super().instantiate_classes()
-        except (ValueError, TypeError, ImportError, MisconfigurationException) as error:
-            cause = as_config_error(error)
-            if cause is None:
-                raise
-            raise cause from None
+        super().instantiate_classes()
         preflight.check_before_launch(self.trainer, self.model, self.datamodule)
 
     def parse_arguments(self, parser: Any, args: Any) -> None:
@@ -133,15 +127,22 @@ class _HelpFormatter(RawDescriptionHelpFormatter, DefaultHelpFormatter):
 
 
 def run_cli(args: Sequence[str] | None = None) -> ZeroCLI:
-    """Parse ``args`` (``sys.argv`` by default) and run the subcommand."""
-    return ZeroCLI(
-        subclass_mode_model=True,
-        subclass_mode_data=True,
-        save_config_kwargs={"overwrite": True},
-        parser_kwargs={"description": DESCRIPTION, "epilog": commands_help(), "formatter_class": _HelpFormatter},
-        trainer_defaults={"callbacks": [ExactResume(), WeightsOnlyResume()]},
-        args=list(args) if args is not None else None,
-    )
+    """Parse ``args`` (``sys.argv`` by default) and run the subcommand; an error about the user's input, from
+    building the objects or from Lightning's checks when the run starts, becomes one :class:`ZeroConfigError`."""
+    try:
+        return ZeroCLI(
+            subclass_mode_model=True,
+            subclass_mode_data=True,
+            save_config_kwargs={"overwrite": True},
+            parser_kwargs={"description": DESCRIPTION, "epilog": commands_help(), "formatter_class": _HelpFormatter},
+            trainer_defaults={"callbacks": [ExactResume(), WeightsOnlyResume()]},
+            args=list(args) if args is not None else None,
+        )
+    except (ValueError, TypeError, ImportError, MisconfigurationException) as error:
+        cause = as_config_error(error)
+        if cause is None:
+            raise
+        raise cause from None
 
 
 def list_strategies() -> str:

@@ -130,9 +130,12 @@ def parse_error_line(message: str) -> str:
 
 
 _UNION_MARKERS = ("Does not validate against any of the Union subtypes", "Problem with given class_path")
-#: Where Lightning checks the Trainer's arguments: its errors there are about the user's input.
+#: Where Lightning checks the Trainer's arguments (and the fit loop its data against them): its errors there are
+#: about the user's input. Lightning raises them as plain ValueError/MisconfigurationException, with no type of their
+#: own, so where they are raised is the one way to tell them from a bug (which keeps its traceback).
 _LIGHTNING_CHECKS = re.compile(
-    r"lightning/(pytorch|fabric)/(trainer|accelerators|connector\.py|utilities/imports|plugins/precision)"
+    r"lightning/(pytorch|fabric)/(trainer|accelerators|connector\.py|utilities/imports|plugins/precision"
+    r"|loops/fit_loop\.py)"
 )
 
 

@@ -94,6 +94,20 @@ def cases(tmp_path: Path) -> dict[str, tuple[list[str], tuple[str, ...]]]:
         "accelerator-tpu-without-tpu": ([*TINY, "--trainer.accelerator", "tpu"], ("no TPU", "'cpu'")),
         "accelerator-unknown": ([*TINY, "--trainer.accelerator", "quantum"], ("'quantum'", "use one of", "cpu")),
         "fp16-deepspeed-cpu": ([*TINY, "--trainer.precision", "16-mixed"], ("fp16", "DeepSpeed", "bf16-mixed")),
+        "val-check-interval-over-the-epoch": (  # Lightning checks it in the fit loop, once the run has started
+            [
+                *TINY,
+                "--trainer.devices",
+                "1",
+                "--trainer.strategy",
+                "auto",
+                "--trainer.val_check_interval",
+                "1000",
+                "--trainer.default_root_dir",
+                str(tmp_path),
+            ],
+            ("`val_check_interval` (1000)", "fix that Trainer option"),
+        ),
         "fp16-true-offload-cpu": (
             [*TINY, "--trainer.strategy", "zero3_offload", "--trainer.precision", "16-true"],
             ("fp16", "32-true"),
