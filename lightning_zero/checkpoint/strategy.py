@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from lightning_zero.checkpoint.atomic import remove_checkpoint, save_atomically
 from lightning_zero.checkpoint.manifest import Manifest, checkpoint_manifest
@@ -28,9 +28,17 @@ from lightning_zero.checkpoint.weights_only import (
     weights_only_checkpoint,
 )
 
+if TYPE_CHECKING:  # what the mixin is placed before: typed as such, a plain class at run time
+    from lightning.pytorch.strategies import ParallelStrategy as _Strategy
+else:
+    _Strategy = object
 
-class SafeCheckpoints:
+
+class SafeCheckpoints(_Strategy):
     """Mixin placed before a Lightning strategy class; the strategy says its backend and stage."""
+
+    if TYPE_CHECKING:
+        deepspeed_engine: Any  # the DeepSpeed strategy's, used on its routes only
 
     def checkpoint_identity(self) -> tuple[str, int]:
         """``(backend, ZeRO stage)`` recorded in the manifest."""
@@ -38,46 +46,47 @@ class SafeCheckpoints:
 
     def save_checkpoint(self, checkpoint: dict[str, Any], filepath: Any, storage_options: Any = None) -> None:
         backend, stage = self.checkpoint_identity()
-        write = partial(super().save_checkpoint, storage_options=storage_options)  # type: ignore[misc]
-        save_atomically(self, checkpoint, filepath, write, backend, stage)  # type: ignore[arg-type]
+        write = partial(super().save_checkpoint, storage_options=storage_options)
+        save_atomically(self, checkpoint, filepath, write, backend, stage)
 
     def remove_checkpoint(self, filepath: Any) -> None:
-        remove_checkpoint(self, filepath)  # type: ignore[arg-type]
+        remove_checkpoint(self, filepath)
 
     def load_checkpoint(self, checkpoint_path: Any, weights_only: bool | None = None) -> dict[str, Any]:
-        path = Path(self.broadcast(str(checkpoint_path)))  # type: ignore[attr-defined]
-        check_checkpoint(path, self.lightning_module)  # type: ignore[attr-defined]
+        path = Path(self.broadcast(str(checkpoint_path)))
+        check_checkpoint(path, self.lightning_module)
         backend, stage = self.checkpoint_identity()
         manifest = checkpoint_manifest(path)
-        route = resume_route(manifest, backend, stage, self.world_size)  # type: ignore[attr-defined]
+        route = resume_route(manifest, backend, stage, self.world_size)
         if route == WEIGHTS_ONLY:
             return self._weights_only(path, manifest)
         if route != UNIVERSAL:
-            return super().load_checkpoint(path, weights_only)  # type: ignore[misc]
+            return super().load_checkpoint(path, weights_only)
         universal = self._universal(path)
-        checkpoint = super().load_checkpoint(universal, weights_only)  # type: ignore[misc]
+        checkpoint = super().load_checkpoint(universal, weights_only)
         if stage == 3:
-            repair_stage3_universal_load(self.deepspeed_engine.optimizer.optimizer, universal)  # type: ignore[attr-defined]
+            repair_stage3_universal_load(self.deepspeed_engine.optimizer.optimizer, universal)
         return checkpoint
 
     def _weights_only(self, path: Path, manifest: Manifest | None) -> dict[str, Any]:
         """Load the consolidated weights into this strategy's model; Lightning restores the rest of the dict."""
         backend, stage = self.checkpoint_identity()
         checkpoint = weights_only_checkpoint(path)
-        module = self.lightning_module  # type: ignore[attr-defined]
+        module = self.lightning_module
+        assert module is not None, "a checkpoint loads into a set-up strategy"
         if backend == "deepspeed":  # set up before the load; Lightning's `load_model_state_dict` does nothing here
-            load_into_deepspeed(module, self.deepspeed_engine, checkpoint["state_dict"], stage)  # type: ignore[attr-defined]
+            load_into_deepspeed(module, self.deepspeed_engine, checkpoint["state_dict"], stage)
         elif backend == "fsdp2":
             load_into_fsdp2(module, checkpoint["state_dict"])
-        here = describe(backend, stage, self.world_size)  # type: ignore[attr-defined]
+        here = describe(backend, stage, self.world_size)
         warn_optimizer_not_carried(path, manifest, here, why_not_carried(manifest, backend))
         return checkpoint
 
     def _universal(self, path: Path) -> Path:
         """Convert on rank 0, then have every rank's DeepSpeed engine load the universal form."""
-        if self.is_global_zero:  # type: ignore[attr-defined]
+        if self.is_global_zero:
             universal_checkpoint(path)
-        self.barrier()  # type: ignore[attr-defined]
+        self.barrier()
         # Lightning builds the engine before it loads, so `checkpoint.load_universal` is switched on here.
-        self.deepspeed_engine._config.load_universal_checkpoint = True  # type: ignore[attr-defined]
+        self.deepspeed_engine._config.load_universal_checkpoint = True
         return path.with_name(path.name + UNIVERSAL_SUFFIX)

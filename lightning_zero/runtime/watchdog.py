@@ -18,7 +18,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TextIO
+from typing import TYPE_CHECKING, TextIO
 
 import torch.distributed as dist
 
@@ -150,7 +150,13 @@ def report_failed_peer(watchdog: RankWatchdog | None, exception: BaseException) 
         watchdog.report_failed_peer()
 
 
-class WatchedRanks:
+if TYPE_CHECKING:  # what the mixin is placed before: typed as such, a plain class at run time
+    from lightning.pytorch.strategies import Strategy as _Strategy
+else:
+    _Strategy = object
+
+
+class WatchedRanks(_Strategy):
     """Mixin placed before a Lightning strategy class: a :class:`RankWatchdog` from the end of
     ``setup_environment`` (the process group exists then) to ``teardown``, and the failed peer named in
     ``on_exception``."""
@@ -158,14 +164,14 @@ class WatchedRanks:
     _rank_watchdog: RankWatchdog | None = None
 
     def setup_environment(self) -> None:
-        super().setup_environment()  # type: ignore[misc]
+        super().setup_environment()
         self._rank_watchdog = start_rank_watchdog()
 
     def teardown(self) -> None:
         if self._rank_watchdog is not None:
             self._rank_watchdog.stop()
-        super().teardown()  # type: ignore[misc]
+        super().teardown()
 
     def on_exception(self, exception: BaseException) -> None:
         report_failed_peer(self._rank_watchdog, exception)
-        super().on_exception(exception)  # type: ignore[misc]
+        super().on_exception(exception)
