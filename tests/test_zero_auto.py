@@ -193,10 +193,11 @@ def test_config_of_a_candidate_carries_ratio_pinning_and_buckets() -> None:
 
 
 def test_approximate_levers_are_searched_only_when_asked() -> None:
-    assert approximate_levers(False, "bf16-mixed", cpu_adam_for_offload=True) == ()
-    assert approximate_levers(True, "bf16-mixed", cpu_adam_for_offload=True) == (BF16_STATES, ZENFLOW)
-    assert approximate_levers(True, "16-mixed", cpu_adam_for_offload=True) == (ZENFLOW,), "bf16 states: bf16 only"
-    assert approximate_levers(True, "bf16-mixed", cpu_adam_for_offload=False) == (), "both need DeepSpeed's CPU Adam"
+    assert approximate_levers(False, "bf16-mixed", cpu_adam_for_offload=True, on_cuda=True) == ()
+    assert approximate_levers(True, "bf16-mixed", cpu_adam_for_offload=True, on_cuda=True) == (BF16_STATES, ZENFLOW)
+    assert approximate_levers(True, "16-mixed", True, on_cuda=True) == (ZENFLOW,), "bf16 states: bf16 runs only"
+    assert approximate_levers(True, "bf16-mixed", True, on_cuda=False) == (BF16_STATES,), "ZenFlow: CUDA only"
+    assert approximate_levers(True, "bf16-mixed", cpu_adam_for_offload=False, on_cuda=True) == (), "CPU Adam needed"
 
 
 def test_each_offload_candidate_is_followed_by_its_approximate_variants() -> None:
@@ -278,7 +279,7 @@ def test_a_trial_builds_the_same_optimizer_as_the_run_of_its_candidate(tmp_path:
     expected = {  # type, fp32 moments: ZenFlow and bf16 states run end to end on CPU too
         "offload": ("DeepSpeedCPUAdam", True),
         "offload_torch_adam": ("AdamW", None),  # `cpu_adam_for_offload: false` keeps the module's own AdamW
-        "zenflow": ("ZenFlowCPUAdam", True),
+        "zenflow": ("ZenFlowCPUAdam", True),  # given by hand: zero_auto tries ZenFlow on CUDA only
         "bf16_states": ("DeepSpeedCPUAdam", False),
     }
     for case, (kind, fp32_states) in expected.items():

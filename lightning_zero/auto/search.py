@@ -88,12 +88,14 @@ def _prior(row: PlanRow, micro: int) -> tuple[int, int, int, int]:
     return (offload, -micro, int(layout.activation_checkpointing), {2: 0, 1: 1, 3: 2}.get(layout.stage, 3))
 
 
-def approximate_levers(approximate: bool, precision: str, cpu_adam_for_offload: bool) -> tuple[str, ...]:
+def approximate_levers(approximate: bool, precision: str, cpu_adam_for_offload: bool, on_cuda: bool) -> tuple[str, ...]:
     """The approximate levers a search may try: none unless ``approximate``; both need DeepSpeed's CPU Adam under
-    offload (``cpu_adam_for_offload``), and bf16 optimizer states a bf16 ``precision``."""
+    offload (``cpu_adam_for_offload``), bf16 optimizer states a bf16 ``precision``, and ZenFlow CUDA: on CPU,
+    DeepSpeed 0.19.8's ZenFlow changes the model's 2-D weights as it sets up, and its losses turn NaN."""
     if not (approximate and cpu_adam_for_offload):
         return ()
-    return tuple(lever for lever in APPROXIMATE_LEVERS if lever != BF16_STATES or precision.startswith("bf16"))
+    wanted = {BF16_STATES: precision.startswith("bf16"), ZENFLOW: on_cuda}
+    return tuple(lever for lever in APPROXIMATE_LEVERS if wanted[lever])
 
 
 def lever_applies(lever: str, candidate: Candidate) -> bool:

@@ -276,7 +276,9 @@ class ZeroAutoStrategy(ZeroStrategy):
             self.root_device.type == "cuda",
             self.auto.max_trials,
             host_free_bytes=psutil.virtual_memory().available,
-            levers=approximate_levers(self.auto.approximate, precision, self.auto.cpu_adam_for_offload),
+            levers=approximate_levers(
+                self.auto.approximate, precision, self.auto.cpu_adam_for_offload, self.root_device.type == "cuda"
+            ),
         )
         fitting = sum(row.max_micro_batch >= 1 for row in rows)
         rank_zero_info(

@@ -56,7 +56,7 @@ class Grouped(L.LightningModule):
     def configure_optimizers(self) -> Any:
         decay = [p for p in self.parameters() if p.dim() > 1]
         no_decay = [p for p in self.parameters() if p.dim() <= 1]
-        groups = [{"params": decay}, {"params": no_decay, "weight_decay": 0.0}]
+        groups: list[dict[str, Any]] = [{"params": decay}, {"params": no_decay, "weight_decay": 0.0}]
         optimizer = torch.optim.AdamW(groups, lr=LR, betas=BETAS, eps=EPS, weight_decay=WEIGHT_DECAY)
         return {"optimizer": optimizer, "lr_scheduler": torch.optim.lr_scheduler.StepLR(optimizer, step_size=1)}
 
