@@ -273,9 +273,9 @@ def test_the_cache_key_includes_approximate() -> None:
 
 def test_a_trial_builds_the_same_optimizer_as_the_run_of_its_candidate(tmp_path: Path) -> None:
     out = tmp_path / "calls.json"
-    cases = ("offload", "offload_torch_adam", "zenflow", "bf16_states")
+    cases = ("offload", "offload_torch_adam", "zenflow", "bf16_states", "bf16_states_sgd")
     run_script(TRIALS_RUNNER, str(out), *cases, timeout=400)
-    calls = json.loads(out.read_text())
+    results = json.loads(out.read_text())
     expected = {  # type, fp32 moments: ZenFlow and bf16 states run end to end on CPU too
         "offload": ("DeepSpeedCPUAdam", True),
         "offload_torch_adam": ("AdamW", None),  # `cpu_adam_for_offload: false` keeps the module's own AdamW
@@ -283,11 +283,16 @@ def test_a_trial_builds_the_same_optimizer_as_the_run_of_its_candidate(tmp_path:
         "bf16_states": ("DeepSpeedCPUAdam", False),
     }
     for case, (kind, fp32_states) in expected.items():
-        trial, run = calls[case]  # one trial, then the run
+        trial, run = results[case]["calls"]  # one trial, then the run
         assert trial == run, case  # type, CPU Adam options, each group's lr/betas/eps/weight_decay and shapes
         assert (run["type"], run["fp32_optimizer_states"]) == (kind, fp32_states), case
         groups = [(g["lr"], g["betas"], g["eps"], g["weight_decay"], len(g["shapes"])) for g in run["groups"]]
         assert groups == [(3e-3, [0.8, 0.9], 1e-7, 0.05, 2), (3e-3, [0.8, 0.9], 1e-7, 0.0, 4)], case
+    # An approximate lever needs DeepSpeed's CPU Adam: with SGD its trial does not fit, and no engine is built.
+    sgd = results["bf16_states_sgd"]
+    assert [fits for _, fits, _ in sgd["trials"]] == [False, True] and sgd["chosen"] == "zero2_offload 4x1"
+    assert sgd["trials"][0][2] == "needs a plain torch Adam/AdamW from `configure_optimizers`"
+    assert [call["type"] for call in sgd["calls"]] == ["SGD", "SGD"]
 
 
 @pytest.mark.parametrize("text", ["{not json", "[1, 2]", "\udcff"])

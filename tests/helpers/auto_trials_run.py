@@ -2,13 +2,15 @@
 
     python tests/helpers/auto_trials_run.py OUT.json CASE [CASE ...]
 
-Each case fits a small module under ``zero_auto`` with one given candidate, so the search times exactly that one
-and the run trains it; every ``deepspeed.initialize`` call's optimizer is recorded (type, CPU Adam options, and
-each parameter group's hyper-parameters and shapes). OUT.json maps each case to its calls, the trial's first.
+Each case fits a small module under ``zero_auto`` with its candidates given, so the search times exactly those and
+the run trains the fastest that fitted; every ``deepspeed.initialize`` call's optimizer is recorded (type, CPU Adam
+options, and each parameter group's hyper-parameters and shapes). OUT.json maps each case to its calls (the trials'
+first, the run's last), its trials (name, fitted, reason) and the chosen candidate's name.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -27,13 +29,15 @@ from lightning_zero.memory.states import Layout
 from tests.helpers.trainer import end_process_group, quiet_trainer
 
 LR, BETAS, EPS, WEIGHT_DECAY = 3e-3, (0.8, 0.9), 1e-7, 0.05
-ZERO2_OFFLOAD = Layout("deepspeed", 2, offload_optimizer=True)
-#: case: (the candidate, the zero_auto settings, the Trainer's precision)
-CASES: dict[str, tuple[Candidate, dict[str, Any], str]] = {
-    "offload": (Candidate(ZERO2_OFFLOAD, 4, 1, False, 2**20), {}, "32-true"),
-    "offload_torch_adam": (Candidate(ZERO2_OFFLOAD, 4, 1, False, 2**20), {"cpu_adam_for_offload": False}, "32-true"),
-    "zenflow": (Candidate(ZERO2_OFFLOAD, 4, 1, False, 2**20, ZENFLOW), {"approximate": True}, "32-true"),
-    "bf16_states": (Candidate(ZERO2_OFFLOAD, 4, 1, False, 2**20, BF16_STATES), {"approximate": True}, "bf16-mixed"),
+EXACT = Candidate(Layout("deepspeed", 2, offload_optimizer=True), 4, 1, False, 2**20)
+ZENFLOW_TRIAL, BF16_TRIAL = dataclasses.replace(EXACT, lever=ZENFLOW), dataclasses.replace(EXACT, lever=BF16_STATES)
+#: case: (the candidates, the zero_auto settings, the Trainer's precision, the module's optimizer)
+CASES: dict[str, tuple[list[Candidate], dict[str, Any], str, str]] = {
+    "offload": ([EXACT], {}, "32-true", "adamw"),
+    "offload_torch_adam": ([EXACT], {"cpu_adam_for_offload": False}, "32-true", "adamw"),
+    "zenflow": ([ZENFLOW_TRIAL], {"approximate": True}, "32-true", "adamw"),
+    "bf16_states": ([BF16_TRIAL], {"approximate": True}, "bf16-mixed", "adamw"),
+    "bf16_states_sgd": ([BF16_TRIAL, EXACT], {"approximate": True}, "bf16-mixed", "sgd"),
 }
 
 
@@ -43,8 +47,9 @@ class Grouped(L.LightningModule):
     Two outputs: DeepSpeed 0.19.8's ZenFlow fails on a weight of one row (its column selection slices rows).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, optimizer: str = "adamw") -> None:
         super().__init__()
+        self.optimizer = optimizer
         torch.manual_seed(0)
         self.net = nn.Sequential(nn.Linear(16, 32), nn.LayerNorm(32), nn.Linear(32, 2))
         self.batch_size = 4
@@ -57,6 +62,8 @@ class Grouped(L.LightningModule):
         decay = [p for p in self.parameters() if p.dim() > 1]
         no_decay = [p for p in self.parameters() if p.dim() <= 1]
         groups: list[dict[str, Any]] = [{"params": decay}, {"params": no_decay, "weight_decay": 0.0}]
+        if self.optimizer == "sgd":
+            return torch.optim.SGD(groups, lr=LR, weight_decay=WEIGHT_DECAY)
         optimizer = torch.optim.AdamW(groups, lr=LR, betas=BETAS, eps=EPS, weight_decay=WEIGHT_DECAY)
         return {"optimizer": optimizer, "lr_scheduler": torch.optim.lr_scheduler.StepLR(optimizer, step_size=1)}
 
@@ -66,15 +73,15 @@ class Grouped(L.LightningModule):
         return DataLoader(data, batch_size=self.batch_size)
 
 
-class OneCandidate(ZeroAutoStrategy):
-    """zero_auto with its candidates given, so that the trial and the run are of the same one."""
+class GivenCandidates(ZeroAutoStrategy):
+    """zero_auto with its candidates given, so that a trial and the run are of the same one."""
 
-    def __init__(self, candidate: Candidate, **zero: Any) -> None:
+    def __init__(self, given: list[Candidate], **zero: Any) -> None:
         super().__init__(zero={"memory_budget_gib": 1, "trial_steps": 1, "warmup_steps": 0, **zero})
-        self.given = candidate
+        self.given = given
 
     def _candidates(self, *args: Any) -> list[Candidate]:
-        return [self.given]
+        return self.given
 
 
 def describe(optimizer: torch.optim.Optimizer) -> dict[str, Any]:
@@ -94,10 +101,10 @@ def describe(optimizer: torch.optim.Optimizer) -> dict[str, Any]:
     return {"type": type(optimizer).__name__, **options, "groups": groups}
 
 
-def run_case(name: str) -> list[dict[str, Any]]:
+def run_case(name: str) -> dict[str, Any]:
     import deepspeed
 
-    candidate, zero, precision = CASES[name]
+    given, zero, precision, optimizer = CASES[name]
     calls: list[dict[str, Any]] = []
     initialize = deepspeed.initialize
 
@@ -107,12 +114,13 @@ def run_case(name: str) -> list[dict[str, Any]]:
 
     deepspeed.initialize = recording
     try:
-        strategy = OneCandidate(candidate, **zero)
-        quiet_trainer(devices=1, strategy=strategy, precision=precision, max_steps=2).fit(Grouped())
-        assert strategy.chosen == candidate and len(strategy.trials) == 1, strategy.trials
+        strategy = GivenCandidates(given, **zero)
+        quiet_trainer(devices=1, strategy=strategy, precision=precision, max_steps=2).fit(Grouped(optimizer))
     finally:
         deepspeed.initialize = initialize
-    return calls
+    assert strategy.chosen is not None
+    trials = [(m.candidate.name, m.fits, m.reason) for m in strategy.trials]
+    return {"calls": calls, "trials": trials, "chosen": strategy.chosen.name}
 
 
 def main() -> None:
