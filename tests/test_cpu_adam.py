@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from lightning_zero.strategies import cpu_adam
+from lightning_zero.strategies.deepspeed_config import DeepSpeedZeroConfig, to_deepspeed_config
 
 
 def make_model() -> torch.nn.Sequential:
@@ -81,3 +82,17 @@ def test_swap_keeps_bf16_moments_or_builds_zenflows_cpu_adam() -> None:
     zenflow = cpu_adam.to_cpu_adam(torch.optim.AdamW(make_model().parameters()), zenflow=True, overlap_step=True)
     assert type(zenflow).__name__ == "ZenFlowCPUAdam" and cast(Any, zenflow).overlap_step
     assert cast(Any, zenflow).fp32_optimizer_states
+
+
+def test_the_deepspeed_swap_rule_needs_optimizer_offload_and_cpu_adam_for_offload() -> None:
+    offload = DeepSpeedZeroConfig(offload_optimizer="cpu")
+    for zero in (DeepSpeedZeroConfig(), DeepSpeedZeroConfig(offload_optimizer="cpu", cpu_adam_for_offload=False)):
+        kept = torch.optim.AdamW(make_model().parameters())
+        assert cpu_adam.for_deepspeed(kept, None, zero, to_deepspeed_config(zero)) is kept
+    sgd = torch.optim.SGD(make_model().parameters(), lr=0.1)
+    assert cpu_adam.for_deepspeed(sgd, None, offload, to_deepspeed_config(offload)) is sgd
+    original = torch.optim.AdamW(make_model().parameters(), lr=1.0)
+    scheduler = torch.optim.lr_scheduler.StepLR(original, step_size=1)
+    zenflow = offload.replace(zenflow=True)
+    swapped = cpu_adam.for_deepspeed(original, scheduler, zenflow, to_deepspeed_config(zenflow))
+    assert type(swapped).__name__ == "ZenFlowCPUAdam" and scheduler.optimizer is swapped

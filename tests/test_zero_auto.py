@@ -13,8 +13,11 @@ import pytest
 import torch
 
 from lightning_zero.auto.search import (
+    BF16_STATES,
+    ZENFLOW,
     Candidate,
     Measurement,
+    approximate_levers,
     candidate_from_dict,
     candidate_to_dict,
     candidates,
@@ -29,15 +32,19 @@ from lightning_zero.auto.strategy import (
     ZeroAutoStrategy,
     deepspeed_config_for,
     read_cache,
+    trial_config,
     use_expandable_segments,
     write_cache,
 )
 from lightning_zero.errors import ZeroConfigError
 from lightning_zero.memory.plan import PlanRow
-from lightning_zero.memory.states import Layout, ModelStates
+from lightning_zero.memory.states import Layout, ModelStates, ParameterShapes
+from lightning_zero.strategies.deepspeed import zenflow_optimizer_section
+from lightning_zero.strategies.deepspeed_config import TrainerValues
 from tests.helpers.launch import run_script
 
 RUNNER = Path(__file__).parent / "helpers" / "fit_run.py"
+TRIALS_RUNNER = Path(__file__).parent / "helpers" / "auto_trials_run.py"
 STATES = ModelStates(local_parameters=1, optimizer_state=2, device_bytes=0, host_bytes=0, deepspeed_estimate=False)
 
 
@@ -171,6 +178,10 @@ def test_retries_with_a_set_global_batch_only_while_nothing_fitted() -> None:
 def test_candidate_round_trips_through_the_cache_format() -> None:
     candidate = Candidate(ZERO3_PARTIAL, 8, 2, pin_memory=True, bucket_size=2**20)
     assert candidate_from_dict(json.loads(json.dumps(candidate_to_dict(candidate)))) == candidate
+    approximate = dataclasses.replace(candidate, lever=BF16_STATES)
+    assert candidate_from_dict(json.loads(json.dumps(candidate_to_dict(approximate)))) == approximate
+    earlier = {key: value for key, value in candidate_to_dict(candidate).items() if key != "lever"}
+    assert candidate_from_dict(earlier) == candidate, "an entry written before levers existed reads as exact"
 
 
 def test_config_of_a_candidate_carries_ratio_pinning_and_buckets() -> None:
@@ -179,6 +190,109 @@ def test_config_of_a_candidate_carries_ratio_pinning_and_buckets() -> None:
     assert (zero.stage, zero.offload_optimizer, zero.pin_memory) == (3, "cpu", True)
     assert section["offload_optimizer"] == {**section["offload_optimizer"], "ratio": 0.5, "pin_memory": True}
     assert section["reduce_bucket_size"] == 2**20 and "zenflow" not in section
+
+
+def test_approximate_levers_are_searched_only_when_asked() -> None:
+    assert approximate_levers(False, "bf16-mixed", cpu_adam_for_offload=True, on_cuda=True) == ()
+    assert approximate_levers(True, "bf16-mixed", cpu_adam_for_offload=True, on_cuda=True) == (BF16_STATES, ZENFLOW)
+    assert approximate_levers(True, "16-mixed", True, on_cuda=True) == (ZENFLOW,), "bf16 states: bf16 runs only"
+    assert approximate_levers(True, "bf16-mixed", True, on_cuda=False) == (BF16_STATES,), "ZenFlow: CUDA only"
+    assert approximate_levers(True, "bf16-mixed", cpu_adam_for_offload=False, on_cuda=True) == (), "CPU Adam needed"
+
+
+def test_each_offload_candidate_is_followed_by_its_approximate_variants() -> None:
+    zero1_offload = Layout("deepspeed", 1, offload_optimizer=True)
+    rows = [row(ZERO2, 8), row(zero1_offload, 16), row(ZERO3_PARTIAL, 16)]
+    levers = (BF16_STATES, ZENFLOW)
+    found = candidates(rows, 1, 16, 10, on_cuda=True, max_trials=3, levers=levers)
+    assert [(c.layout, c.micro_batch, c.lever) for c in found] == [
+        (ZERO2, 8, ""),  # no offload: nothing to approximate
+        (zero1_offload, 16, ""),
+        (zero1_offload, 16, BF16_STATES),
+        (zero1_offload, 16, ZENFLOW),
+        (ZERO3_PARTIAL, 16, ""),
+        (ZERO3_PARTIAL, 16, BF16_STATES),  # ZenFlow at stages 1-2 only
+    ], "the variants come beyond max_trials, right after their exact candidate"
+    assert [c.lever for c in candidates(rows, 1, 16, 10, on_cuda=True, max_trials=3)] == ["", "", ""]
+    accumulated = candidates([row(ZERO2_OFFLOAD, 4)], 1, 16, 10, on_cuda=True, max_trials=1, levers=levers)
+    assert [(c.accumulation, c.lever) for c in accumulated] == [(4, ""), (4, BF16_STATES)], (
+        "ZenFlow takes over DeepSpeed's gradient accumulation: not with accumulation"
+    )
+    zenflow = Candidate(ZERO2_OFFLOAD, 16, 1, True, 1, ZENFLOW)
+    assert smaller(Measurement(zenflow, fits=False), keep_global_batch=True) is None, "8x2 would accumulate"
+    again = smaller(Measurement(zenflow, fits=False), keep_global_batch=False)
+    assert again is not None and (again.micro_batch, again.lever) == (8, ZENFLOW)
+
+
+def test_approximate_rows_are_tagged_in_the_trials_table() -> None:
+    exact = measured(ZERO2_OFFLOAD, 16, 9.0)
+    zenflow = Measurement(dataclasses.replace(exact.candidate, lever=ZENFLOW), True, 12.0)
+    table = format_trials([exact, zenflow], zenflow)
+    assert "   zero2_offload 16x1 pinned " in table and "-> zero2_offload 16x1 pinned ~zenflow " in table
+    assert table.splitlines()[-1].startswith("~ approximate: not exact Adam")
+    assert "approximate" not in format_trials([exact], exact), "no note without approximate rows"
+
+
+def test_config_of_an_approximate_candidate_carries_its_lever_and_resolves() -> None:
+    auto, values = AutoZeroConfig(approximate=True), TrainerValues(4, precision="bf16-mixed")
+    zero, config = trial_config(auto, Candidate(ZERO2_OFFLOAD, 4, 1, True, 2**20, ZENFLOW), values)
+    assert zero.zenflow and not zero.bf16_optimizer_states
+    # ZenFlow's own "auto" intervals are DeepSpeed's to resolve: they are left in place, not refused.
+    assert config["zero_optimization"]["zenflow"]["update_interval"] == "auto"
+    zero, config = trial_config(auto, Candidate(ZERO3_PARTIAL, 4, 1, True, 2**20, BF16_STATES), values)
+    assert zero.bf16_optimizer_states and config["bf16"]["bf16_optimizer_states"]
+    with pytest.raises(ZeroConfigError, match=r"^`zenflow` is approximate and `zero_auto` searches exact layouts only"):
+        deepspeed_config_for(AutoZeroConfig(), Candidate(ZERO2_OFFLOAD, 4, 1, True, 2**20, ZENFLOW))
+
+
+def test_zenflow_gets_the_client_optimizers_hyper_parameters_in_the_config() -> None:
+    # DeepSpeed 0.19.8's ZenFlow builds its accelerator-side AdamW from the config's `optimizer.params` only.
+    optimizer = torch.optim.AdamW(torch.nn.Linear(2, 2).parameters(), lr=3e-3, betas=(0.8, 0.9), eps=1e-7)
+    _, config = deepspeed_config_for(AutoZeroConfig(approximate=True), Candidate(ZERO2_OFFLOAD, 4, 1, True, 1, ZENFLOW))
+    section = zenflow_optimizer_section(config, optimizer)["optimizer"]
+    assert section == {"type": "AdamW", "params": {"lr": 3e-3, "betas": [0.8, 0.9], "eps": 1e-7, "weight_decay": 0.01}}
+    assert "optimizer" not in config, "the config itself is left as it was"
+    _, exact = deepspeed_config_for(AutoZeroConfig(), Candidate(ZERO2_OFFLOAD, 4, 1, True, 1))
+    assert "optimizer" not in zenflow_optimizer_section(exact, optimizer), "only for ZenFlow"
+
+
+def test_the_cache_key_includes_approximate() -> None:
+    module = torch.nn.Linear(4, 2)
+    keys = []
+    for approximate in (False, True):
+        trainer = L.Trainer(
+            strategy=ZeroAutoStrategy(zero={"memory_budget_gib": 1, "approximate": approximate}),
+            accelerator="cpu",
+            devices=2,
+            logger=False,
+        )
+        assert isinstance(trainer.strategy, ZeroAutoStrategy)
+        keys.append(trainer.strategy._cache_key(module, ParameterShapes.of(module), torch.zeros(4, 4), 8))
+    assert keys[0] != keys[1]
+
+
+def test_a_trial_builds_the_same_optimizer_as_the_run_of_its_candidate(tmp_path: Path) -> None:
+    out = tmp_path / "calls.json"
+    cases = ("offload", "offload_torch_adam", "zenflow", "bf16_states", "bf16_states_sgd")
+    run_script(TRIALS_RUNNER, str(out), *cases, timeout=400)
+    results = json.loads(out.read_text())
+    expected = {  # type, fp32 moments: ZenFlow and bf16 states run end to end on CPU too
+        "offload": ("DeepSpeedCPUAdam", True),
+        "offload_torch_adam": ("AdamW", None),  # `cpu_adam_for_offload: false` keeps the module's own AdamW
+        "zenflow": ("ZenFlowCPUAdam", True),  # given by hand: zero_auto tries ZenFlow on CUDA only
+        "bf16_states": ("DeepSpeedCPUAdam", False),
+    }
+    for case, (kind, fp32_states) in expected.items():
+        trial, run = results[case]["calls"]  # one trial, then the run
+        assert trial == run, case  # type, CPU Adam options, each group's lr/betas/eps/weight_decay and shapes
+        assert (run["type"], run["fp32_optimizer_states"]) == (kind, fp32_states), case
+        groups = [(g["lr"], g["betas"], g["eps"], g["weight_decay"], len(g["shapes"])) for g in run["groups"]]
+        assert groups == [(3e-3, [0.8, 0.9], 1e-7, 0.05, 2), (3e-3, [0.8, 0.9], 1e-7, 0.0, 4)], case
+    # An approximate lever needs DeepSpeed's CPU Adam: with SGD its trial does not fit, and no engine is built.
+    sgd = results["bf16_states_sgd"]
+    assert [fits for _, fits, _ in sgd["trials"]] == [False, True] and sgd["chosen"] == "zero2_offload 4x1"
+    assert sgd["trials"][0][2] == "needs a plain torch Adam/AdamW from `configure_optimizers`"
+    assert [call["type"] for call in sgd["calls"]] == ["SGD", "SGD"]
 
 
 @pytest.mark.parametrize("text", ["{not json", "[1, 2]", "\udcff"])
@@ -214,9 +328,13 @@ def test_zero_auto_is_a_registered_preset() -> None:
     with pytest.raises(ZeroConfigError, match="set `compile_blocks` on a preset"):
         AutoZeroConfig(compile_blocks=True)
     offloaded = {"stage": 3, "offload_optimizer": "cpu"}
-    for lever in ("bf16_optimizer_states", "zenflow"):  # approximate: never searched unasked
-        with pytest.raises(ZeroConfigError, match=f"exact layouts only: set `{lever}` on a preset"):
+    for lever in ("bf16_optimizer_states", "zenflow"):  # approximate: never searched unasked, never set by hand
+        with pytest.raises(
+            ZeroConfigError, match=f"exact layouts only: set `approximate: true` to let it try `{lever}`"
+        ):
             ZeroAutoStrategy(zero={**offloaded, lever: True})
+        with pytest.raises(ZeroConfigError, match=f"chooses `{lever}` itself with `approximate: true`: remove"):
+            ZeroAutoStrategy(zero={**offloaded, lever: True, "approximate": True})
     with pytest.raises(ZeroConfigError, match="chooses the offload ratio itself"):
         ZeroAutoStrategy(zero={**offloaded, "offload_ratio": 0.5})
 

@@ -5,8 +5,10 @@ gets the largest micro-batch that divides the per-device batch and fits, and the
 global batch; with ``batch_size: max`` it gets the largest micro-batch that fits. Offload candidates use pinned
 host buffers on CUDA. What did not fit (the plan was optimistic) is tried again at a smaller micro-batch
 (:func:`retries`).
-ZenFlow is never a candidate. :func:`choose` takes the highest samples/s among the trials that fitted, ties
-going to the earlier candidate, so the same measurements always give the same choice.
+The approximate levers (:data:`APPROXIMATE_LEVERS`) are tried only when asked (:func:`approximate_levers`): each
+offload candidate is then followed by its variants with each lever that applies (:func:`with_levers`), beyond
+``max_trials``. :func:`choose` takes the highest samples/s among the trials that fitted, ties going to the earlier
+candidate, so the same measurements always give the same choice.
 """
 
 from __future__ import annotations
@@ -21,24 +23,39 @@ from lightning_zero.memory.plan import PlanRow
 from lightning_zero.memory.states import Layout
 
 MAX = "max"
+#: bf16 master weights, gradients and Adam states of the offloaded optimizer (``bf16_optimizer_states``).
+BF16_STATES = "bf16_optimizer_states"
+#: DeepSpeed's ZenFlow: the most important gradient columns every step, the rest delayed (``zenflow``).
+ZENFLOW = "zenflow"
+#: The levers that change the training's result, not only its speed; a :class:`Candidate` takes one at most.
+APPROXIMATE_LEVERS = (BF16_STATES, ZENFLOW)
+#: How the trials' table and candidate names mark an approximate lever.
+LEVER_TAGS = {BF16_STATES: "~bf16-states", ZENFLOW: "~zenflow"}
 #: Buckets are whole multiples of this many elements: no larger than the model (less buffer memory), and even.
 BUCKET_GRANULE = 2**20
 
 
 @dataclass(frozen=True)
 class Candidate:
-    """One configuration to try: a layout, micro-batch x accumulation, pinned host buffers, bucket size."""
+    """One configuration to try: a layout, micro-batch x accumulation, pinned host buffers, bucket size, and an
+    approximate lever of :data:`APPROXIMATE_LEVERS` (``""``: none, exact Adam)."""
 
     layout: Layout
     micro_batch: int
     accumulation: int
     pin_memory: bool
     bucket_size: int
+    lever: str = ""
+
+    @property
+    def approximate(self) -> bool:
+        return bool(self.lever)
 
     @property
     def name(self) -> str:
         pinned = " pinned" if self.pin_memory else ""
-        return f"{self.layout.name} {self.micro_batch}x{self.accumulation}{pinned}"
+        tag = f" {LEVER_TAGS[self.lever]}" if self.lever else ""
+        return f"{self.layout.name} {self.micro_batch}x{self.accumulation}{pinned}{tag}"
 
 
 @dataclass(frozen=True)
@@ -71,6 +88,37 @@ def _prior(row: PlanRow, micro: int) -> tuple[int, int, int, int]:
     return (offload, -micro, int(layout.activation_checkpointing), {2: 0, 1: 1, 3: 2}.get(layout.stage, 3))
 
 
+def approximate_levers(approximate: bool, precision: str, cpu_adam_for_offload: bool, on_cuda: bool) -> tuple[str, ...]:
+    """The approximate levers a search may try: none unless ``approximate``; both need DeepSpeed's CPU Adam under
+    offload (``cpu_adam_for_offload``), bf16 optimizer states a bf16 ``precision``, and ZenFlow CUDA: on CPU,
+    DeepSpeed 0.19.8's ZenFlow changes the model's 2-D weights as it sets up, and its losses turn NaN."""
+    if not (approximate and cpu_adam_for_offload):
+        return ()
+    wanted = {BF16_STATES: precision.startswith("bf16"), ZENFLOW: on_cuda}
+    return tuple(lever for lever in APPROXIMATE_LEVERS if wanted[lever])
+
+
+def lever_applies(lever: str, candidate: Candidate) -> bool:
+    """Whether ``lever`` can run on ``candidate``: both need the optimizer offloaded; ZenFlow runs at stages 1-2
+    (DeepSpeed 0.19.8's stage-3 ZenFlow allocates on ``"cuda"`` by name) and takes over DeepSpeed's gradient
+    accumulation for its delayed updates, so only without accumulation."""
+    layout = candidate.layout
+    if not layout.offload_optimizer:
+        return False
+    if lever == ZENFLOW:
+        return layout.stage in (1, 2) and candidate.accumulation == 1
+    return lever == BF16_STATES
+
+
+def with_levers(found: Sequence[Candidate], levers: Sequence[str]) -> list[Candidate]:
+    """``found`` in order, each exact candidate followed by its variants with each of ``levers`` that applies."""
+    ordered: list[Candidate] = []
+    for candidate in found:
+        ordered.append(candidate)
+        ordered.extend(replace(candidate, lever=lever) for lever in levers if lever_applies(lever, candidate))
+    return ordered
+
+
 def candidates(
     rows: Sequence[PlanRow],
     world_size: int,
@@ -80,8 +128,10 @@ def candidates(
     max_trials: int,
     default_bucket: int = 200_000_000,
     host_free_bytes: int | None = None,
+    levers: Sequence[str] = (),
 ) -> list[Candidate]:
-    """The first ``max_trials`` DeepSpeed candidates that the plan says fit, in trial order.
+    """The first ``max_trials`` DeepSpeed candidates that the plan says fit, in trial order, each followed by its
+    variants with the approximate ``levers`` that apply (:func:`with_levers`).
 
     With ``host_free_bytes``, layouts whose host memory (DeepSpeed's estimate where it has one) exceeds it are
     left out: a trial that exhausts host memory is ended by the system, not by an error.
@@ -105,7 +155,7 @@ def candidates(
         pin = on_cuda and row.layout.offload_optimizer
         scored.append((_prior(row, micro), Candidate(row.layout, micro, accumulation, pin, bucket)))
     scored.sort(key=lambda item: item[0])
-    return [candidate for _, candidate in scored[:max_trials]]
+    return with_levers([candidate for _, candidate in scored[:max_trials]], levers)
 
 
 def needless(candidate: Candidate, measurements: Sequence[Measurement]) -> bool:
@@ -121,7 +171,8 @@ def smaller(measurement: Measurement, keep_global_batch: bool) -> Candidate | No
     """A trial that did not fit, at a smaller micro-batch: its ``retry_at``, else half (``None``: none smaller).
 
     To keep a set global batch, the micro-batch is the largest divisor of the samples per step at most that,
-    and accumulation makes up the rest; with ``batch_size: max`` accumulation stays 1.
+    and accumulation makes up the rest; with ``batch_size: max`` accumulation stays 1. ``None`` too where the
+    candidate's lever would not apply at the smaller micro-batch (ZenFlow with accumulation).
     """
     if measurement.fits:
         return None
@@ -131,7 +182,8 @@ def smaller(measurement: Measurement, keep_global_batch: bool) -> Candidate | No
     micro = largest_divisor_at_most(per_step, target) if keep_global_batch else target
     if micro < 1:
         return None
-    return replace(candidate, micro_batch=micro, accumulation=per_step // micro if keep_global_batch else 1)
+    retried = replace(candidate, micro_batch=micro, accumulation=per_step // micro if keep_global_batch else 1)
+    return None if retried.lever and not lever_applies(retried.lever, retried) else retried
 
 
 def retries(trials: Sequence[Measurement], latest: Sequence[Measurement], keep_global_batch: bool) -> list[Candidate]:
@@ -178,7 +230,7 @@ def choose(measurements: Sequence[Measurement]) -> Measurement:
 
 
 def format_trials(measurements: Sequence[Measurement], chosen: Measurement) -> str:
-    """A short table of what was tried, what it gave, and which was chosen."""
+    """A short table of what was tried, what it gave, and which was chosen; approximate rows are tagged ``~``."""
     lines = ["zero_auto trials (highest samples/s that fits wins):"]
     for m in measurements:
         mark = "->" if m is chosen else "  "
@@ -186,6 +238,8 @@ def format_trials(measurements: Sequence[Measurement], chosen: Measurement) -> s
         if m.peak_bytes:
             result += f"  (peak {m.peak_bytes / 2**30:.1f} GiB)"
         lines.append(f"{mark} {m.candidate.name:<40} {result}")
+    if any(m.candidate.approximate for m in measurements):
+        lines.append("~ approximate: not exact Adam, accuracy not measured here (docs/auto-fit.md)")
     return "\n".join(lines)
 
 

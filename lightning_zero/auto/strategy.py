@@ -10,13 +10,12 @@ activation checkpointing, micro-batch x accumulation, pinned host buffers on CUD
 real optimizer steps of each on a copy of the model, and train with the highest samples/s that fitted. The
 user's global batch (dataloader batch x processes x accumulation) is kept unless ``batch_size: max``. The
 table of trials is logged; the choice is cached in ``cache_file`` (when given), keyed by model, sequence
-length, devices, budget, precision, batch and versions, so the next run skips the search. ZenFlow's
-approximate optimizer is never chosen.
+length, devices, budget, precision, batch, ``approximate`` and versions, so the next run skips the search.
+The approximate levers (bf16 optimizer states, ZenFlow) are tried only with ``approximate: true``.
 """
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import copy
 import dataclasses
@@ -33,15 +32,18 @@ from typing import Any
 import psutil
 import torch
 from lightning.pytorch import LightningModule
-from lightning.pytorch.core.optimizer import _init_optimizers_and_lr_schedulers
 from lightning.pytorch.utilities import move_data_to_device, rank_zero_info, rank_zero_warn
 from lightning.pytorch.utilities.parsing import lightning_hasattr, lightning_setattr
 from torch import nn
 
 from lightning_zero.auto.search import (
+    APPROXIMATE_LEVERS,
+    BF16_STATES,
     MAX,
+    ZENFLOW,
     Candidate,
     Measurement,
+    approximate_levers,
     cache_key,
     candidate_from_dict,
     candidate_to_dict,
@@ -56,11 +58,10 @@ from lightning_zero.memory.budget import GIB
 from lightning_zero.memory.plan import PlanRow, candidate_layouts, make_plan
 from lightning_zero.memory.probe import probe_activations
 from lightning_zero.memory.states import ParameterShapes
-from lightning_zero.models.blocks import enable_activation_checkpointing
+from lightning_zero.models.blocks import prepare_blocks
 from lightning_zero.precision import half_dtype
 from lightning_zero.runtime.batches import first_tensor, is_out_of_memory, samples_in, take_samples, training_loss
-from lightning_zero.strategies import cpu_adam
-from lightning_zero.strategies.deepspeed import ZeroStrategy, forget_zero3_modules
+from lightning_zero.strategies.deepspeed import ZeroStrategy, engine_optimizer, forget_zero3_modules, initialize_engine
 from lightning_zero.strategies.deepspeed_config import (
     DeepSpeedZeroConfig,
     TrainerValues,
@@ -94,6 +95,10 @@ class AutoZeroConfig(DeepSpeedZeroConfig):
             ``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True`` does) before the trials, so that the run's memory
             does not fragment beyond what its trials measured. Off: the allocator is left as it is, and a choice
             near the budget can run out of memory in a later step of the run.
+        approximate: Also try the levers that change what training computes, not only how fast: bf16 optimizer
+            states under optimizer offload (bf16 runs only) and DeepSpeed's ZenFlow at stages 1-2 (no gradient
+            accumulation). Each offload candidate is then also timed with each that applies; the trials' table
+            tags those rows ``~``. Off: exact Adam only.
     """
 
     batch_size: int | str | None = None
@@ -104,9 +109,16 @@ class AutoZeroConfig(DeepSpeedZeroConfig):
     warmup_steps: int = 1
     cache_file: str | None = None
     expandable_segments: bool = True
+    approximate: bool = False
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        for lever in APPROXIMATE_LEVERS:
+            if getattr(self, lever) and not self.approximate:
+                raise ZeroConfigError(
+                    f"`{lever}` is approximate and `zero_auto` searches exact layouts only: set `approximate: true`"
+                    f" to let it try `{lever}`, or set `{lever}` on a preset such as `zero2_offload`."
+                )
         size = self.batch_size
         if size is not None and size != MAX and (isinstance(size, bool) or not isinstance(size, int) or size < 1):
             raise ZeroConfigError(f"`batch_size` must be a positive global batch or 'max', got {size!r}.")
@@ -120,7 +132,8 @@ class AutoZeroConfig(DeepSpeedZeroConfig):
 
 
 def deepspeed_config_for(base: AutoZeroConfig, candidate: Candidate) -> tuple[AutoZeroConfig, dict[str, Any]]:
-    """Our config and the DeepSpeed config dict of ``candidate`` (the partial offload ratio included)."""
+    """Our config and the DeepSpeed config dict of ``candidate`` (the partial offload ratio and its approximate
+    lever included; a lever with ``base.approximate`` false is refused)."""
     layout = candidate.layout
     zero = base.replace(
         stage=layout.stage,
@@ -131,6 +144,8 @@ def deepspeed_config_for(base: AutoZeroConfig, candidate: Candidate) -> tuple[Au
         reduce_bucket_size=candidate.bucket_size,
         allgather_bucket_size=candidate.bucket_size,
         offload_ratio=layout.offload_ratio if layout.offload_optimizer else 1.0,
+        bf16_optimizer_states=candidate.lever == BF16_STATES,
+        zenflow=candidate.lever == ZENFLOW,
     )
     return zero, to_deepspeed_config(zero)
 
@@ -161,9 +176,8 @@ class ZeroAutoStrategy(ZeroStrategy):
             use_expandable_segments(self.root_device)
         first_batch = _first_batch(trainer, self.lightning_module)
         candidate = self.search(trainer, first_batch)
-        self.zero, config = deepspeed_config_for(self._base(), candidate)
         # Lightning may have resolved the config already (``configure_model`` asks for it): resolve this one.
-        self.config = resolve_auto(config, self._candidate_values(trainer, candidate))
+        self.zero, self.config = trial_config(self._base(), candidate, self._candidate_values(trainer, candidate))
         if candidate.micro_batch != samples_in(first_batch):
             if not lightning_hasattr(self.lightning_module, self.auto.batch_arg_name):
                 raise ZeroConfigError(
@@ -262,6 +276,9 @@ class ZeroAutoStrategy(ZeroStrategy):
             self.root_device.type == "cuda",
             self.auto.max_trials,
             host_free_bytes=psutil.virtual_memory().available,
+            levers=approximate_levers(
+                self.auto.approximate, precision, self.auto.cpu_adam_for_offload, self.root_device.type == "cuda"
+            ),
         )
         fitting = sum(row.max_micro_batch >= 1 for row in rows)
         rank_zero_info(
@@ -271,33 +288,28 @@ class ZeroAutoStrategy(ZeroStrategy):
         return found
 
     def measure(self, trainer: Any, module: LightningModule, batch: Any, candidate: Candidate) -> Measurement:
-        """Time ``trial_steps`` optimizer steps of ``candidate`` on a copy of ``module``; collective on all ranks."""
-        import deepspeed
+        """Time ``trial_steps`` optimizer steps of ``candidate`` on a copy of ``module``; collective on all ranks.
 
+        The copy is prepared, its optimizer built and its engine initialised by the functions the run uses
+        (``prepare_blocks``, ``engine_optimizer``, ``initialize_engine``), from the config a run of ``candidate``
+        has (:func:`trial_config`).
+        """
         rank_zero_info(f"zero_auto: timing {candidate.name} ...")  # a run ended mid-trial says which one
-        zero, config = deepspeed_config_for(self._base(), candidate)
-        values = self._candidate_values(trainer, candidate)
+        zero, config = trial_config(self._base(), candidate, self._candidate_values(trainer, candidate))
         # The whole process's peak counts: memory earlier trials left allocated will be there in the run too.
         self._reset_peak()
         trial = _copy_of(module, trainer).to(dtype=self._engine_dtype())
-        if zero.activation_checkpointing:
-            enable_activation_checkpointing(trial)
-        optimizers, _ = _init_optimizers_and_lr_schedulers(trial)
-        optimizer = optimizers[0]
-        if zero.offloads and cpu_adam.is_swappable(optimizer):
-            optimizer = cpu_adam.to_cpu_adam(optimizer)
+        prepare_blocks(trial, zero.activation_checkpointing, zero.compile_blocks)
+        # Lightning steps the scheduler, never the engine (it takes it off the run's engine): none here.
+        optimizer, _ = engine_optimizer(trial, zero, config)
+        if candidate.approximate and not _is_deepspeed_cpu_adam(optimizer):
+            _release(None, trial)
+            return Measurement(candidate, False, reason="needs a plain torch Adam/AdamW from `configure_optimizers`")
         samples = self.precision_plugin.convert_input(take_samples(batch, candidate.micro_batch))
         engine = None
         ok, reason, seconds, steps = True, "", 0.0, 0
         try:
-            engine = deepspeed.initialize(
-                args=argparse.Namespace(device_rank=self._device_rank),
-                config=resolve_auto(config, values),
-                model=trial,
-                model_parameters=[p for p in trial.parameters() if p.requires_grad],
-                optimizer=optimizer,
-                dist_init_required=False,
-            )[0]
+            engine, _ = initialize_engine(trial, config, self._device_rank, optimizer)
             seconds, steps = self._timed_steps(engine, trial, samples, candidate.accumulation)
         except RuntimeError as error:
             if not is_out_of_memory(error):
@@ -305,7 +317,7 @@ class ZeroAutoStrategy(ZeroStrategy):
             ok, reason = False, "out of memory"
         finally:
             _release(engine, trial)
-            del engine, trial, optimizer, optimizers
+            del engine, trial, optimizer
             gc.collect()
             if self.root_device.type == "cuda":
                 torch.cuda.empty_cache()
@@ -416,8 +428,17 @@ class ZeroAutoStrategy(ZeroStrategy):
             batch=global_batch,
             trials=(self.auto.max_trials, self.auto.max_micro_batch),
             expandable_segments=self.auto.expandable_segments,
+            approximate=self._approximate_settings(),
             versions=(torch.__version__, deepspeed.__version__, lightning.__version__, version("lightning-zero")),
         )
+
+    def _approximate_settings(self) -> object:
+        """What of the config the approximate trials depend on (``False`` when there are none)."""
+        if not self.auto.approximate:
+            return False
+        auto = self.auto
+        zenflow = (auto.zenflow_topk_ratio, auto.zenflow_update_interval, auto.zenflow_select_interval)
+        return (True, *zenflow, auto.zenflow_overlap_step, auto.zenflow_full_warm_up_rounds)
 
     def _read_cache(self, key: str) -> dict[str, Any] | None:
         if not self.is_global_zero or self.auto.cache_file is None:
@@ -461,13 +482,20 @@ def write_cache(path: Path, entries: Mapping[str, Any]) -> None:
         raise
 
 
+def trial_config(
+    base: AutoZeroConfig, candidate: Candidate, values: TrainerValues
+) -> tuple[AutoZeroConfig, dict[str, Any]]:
+    """Our config and the resolved DeepSpeed config that a trial of ``candidate``, and a run with it, use."""
+    zero, config = deepspeed_config_for(base, candidate)
+    return zero, resolve_auto(config, values)
+
+
 def _refuse_unsearched(config: AutoZeroConfig) -> None:
-    """The search sets the offload ratio itself and never takes the approximate levers unasked."""
-    for lever in ("bf16_optimizer_states", "zenflow"):
+    """The search sets the offload ratio and the approximate levers itself (the config refuses the levers unless
+    ``approximate``)."""
+    for lever in APPROXIMATE_LEVERS:
         if getattr(config, lever):
-            raise ZeroConfigError(
-                f"`zero_auto` searches exact layouts only: set `{lever}` on a preset such as `zero2_offload`."
-            )
+            raise ZeroConfigError(f"`zero_auto` chooses `{lever}` itself with `approximate: true`: remove `{lever}`.")
     if config.offload_ratio != 1.0:
         raise ZeroConfigError("`zero_auto` chooses the offload ratio itself: remove `offload_ratio`.")
 
@@ -498,6 +526,12 @@ def _empty_pinned_cache() -> None:
     empty = getattr(torch.accelerator, "empty_host_cache", None) or getattr(torch._C, "_host_emptyCache", None)
     if empty is not None:
         empty()
+
+
+def _is_deepspeed_cpu_adam(optimizer: torch.optim.Optimizer) -> bool:
+    from deepspeed.ops.adam import DeepSpeedCPUAdam
+
+    return isinstance(optimizer, DeepSpeedCPUAdam)
 
 
 def _release(engine: Any, trial: nn.Module) -> None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import argparse
 import logging
-from collections.abc import Generator
+from collections.abc import Generator, Mapping
 from contextlib import contextmanager
 from datetime import timedelta
 from pathlib import Path
@@ -19,6 +19,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 from lightning.fabric.plugins.collectives.torch_collective import default_pg_timeout
 from lightning.fabric.utilities.seed import reset_seed
+from lightning.pytorch import LightningModule
+from lightning.pytorch.core.optimizer import _init_optimizers_and_lr_schedulers
 from lightning.pytorch.strategies import DDPStrategy, DeepSpeedStrategy
 from lightning.pytorch.strategies.deepspeed import remove_module_hooks
 from torch.nn import Module
@@ -37,7 +39,6 @@ from lightning_zero.strategies.deepspeed_config import (
     TrainerValues,
     has_module_autos,
     load_deepspeed_config,
-    offloads_optimizer,
     resolve_auto,
     resolve_module_autos,
     to_deepspeed_config,
@@ -92,6 +93,74 @@ def release_engine(engine: deepspeed.DeepSpeedEngine, zero_stage_3: bool) -> Non
         return
     for hook in getattr(engine.optimizer, "_grad_acc_hooks", ()):  # none after `validate` or `predict` alone
         hook.remove()
+
+
+def engine_optimizer(
+    module: LightningModule, zero: DeepSpeedZeroConfig, ds_config: Mapping[str, Any]
+) -> tuple[Optimizer, LRSchedulerConfig | None]:
+    """The optimizer and scheduler of ``module.configure_optimizers()`` as an engine of ``ds_config`` steps them.
+
+    The run and each of ``zero_auto``'s trials build theirs here, so they cannot differ: under optimizer offload a
+    plain torch Adam/AdamW becomes DeepSpeed's CPU Adam (:func:`~lightning_zero.strategies.cpu_adam.for_deepspeed`).
+    """
+    # Lightning's own reading of the many forms `configure_optimizers` may return, as its DeepSpeedStrategy does.
+    optimizers, schedulers = _init_optimizers_and_lr_schedulers(module)
+    if len(optimizers) != 1 or len(schedulers) > 1:
+        raise ZeroConfigError(
+            f"DeepSpeed steps one optimizer and at most one scheduler, but `configure_optimizers` returned"
+            f" {len(optimizers)} and {len(schedulers)}: return one of each."
+        )
+    scheduler_config = schedulers[0] if schedulers else None
+    scheduler = scheduler_config.scheduler if scheduler_config is not None else None
+    return cpu_adam.for_deepspeed(optimizers[0], scheduler, zero, ds_config), scheduler_config
+
+
+def zenflow_optimizer_section(ds_config: Mapping[str, Any], optimizer: Optimizer | None) -> dict[str, Any]:
+    """``ds_config`` with the ``optimizer`` section DeepSpeed's ZenFlow needs beside a client optimizer.
+
+    ZenFlow's accelerator-side optimizer (an AdamW over the selected columns) takes its hyper-parameters from the
+    config's ``optimizer.params`` only; DeepSpeed 0.19.8 fails without them (TypeError) and ignores that section
+    otherwise when it is given a client optimizer. They are the client optimizer's defaults.
+    """
+    config = dict(ds_config)
+    zenflow = (config.get("zero_optimization") or {}).get("zenflow")
+    if not zenflow or optimizer is None or "optimizer" in config:
+        return config
+    defaults = optimizer.defaults
+    params: dict[str, Any] = {name: defaults[name] for name in ("lr", "eps", "weight_decay") if name in defaults}
+    if "betas" in defaults:
+        params["betas"] = list(defaults["betas"])
+    config["optimizer"] = {"type": "AdamW", "params": params}
+    return config
+
+
+def initialize_engine(
+    model: Module,
+    ds_config: Mapping[str, Any],
+    device_rank: int,
+    optimizer: Optimizer | None = None,
+    lr_scheduler: Any = None,
+    parameters: list[Any] | None = None,
+) -> tuple[deepspeed.DeepSpeedEngine, Optimizer]:
+    """``deepspeed.initialize`` as the strategy calls it, for the run and for ``zero_auto``'s trials.
+
+    ``device_rank`` is the device index (the local rank on CPU, where Lightning's ``None`` fails in DeepSpeed);
+    ``parameters`` defaults to the model's trainable ones.
+    """
+    import deepspeed
+
+    if parameters is None:
+        parameters = [p for p in model.parameters() if p.requires_grad]
+    engine, ds_optimizer, _, _ = deepspeed.initialize(
+        args=argparse.Namespace(device_rank=device_rank),
+        config=zenflow_optimizer_section(ds_config, optimizer),
+        model=model,
+        model_parameters=parameters,
+        optimizer=optimizer,
+        lr_scheduler=lr_scheduler,
+        dist_init_required=False,
+    )
+    return engine, ds_optimizer
 
 
 class _DeepSpeedOnCpu(DeepSpeedStrategy):
@@ -223,8 +292,8 @@ class DeepSpeedZeroStrategy(WatchedRanks, SafeCheckpoints, _DeepSpeedOnCpu):
     def _setup_model_and_optimizer(
         self, model: Module, optimizer: Optimizer | None, lr_scheduler: Any = None
     ) -> tuple[deepspeed.DeepSpeedEngine, Optimizer]:
-        parameters = [p for p in model.parameters() if p.requires_grad]
-        return self._deepspeed_initialize(model, self.config, parameters, optimizer, lr_scheduler)
+        assert isinstance(self.config, dict)
+        return initialize_engine(model, self.config, self._device_rank, optimizer, lr_scheduler)
 
     def _initialize_deepspeed_inference(self, model: Module) -> None:
         # Lightning's version passes `device_rank=root_device.index` (None on CPU: DeepSpeed fails comparing it)
@@ -248,30 +317,11 @@ class DeepSpeedZeroStrategy(WatchedRanks, SafeCheckpoints, _DeepSpeedOnCpu):
         optimizer: Optimizer | None = None,
         lr_scheduler: Any = None,
     ) -> tuple[deepspeed.DeepSpeedEngine, Optimizer]:
-        import deepspeed
-
-        engine, ds_optimizer, _, _ = deepspeed.initialize(
-            args=argparse.Namespace(device_rank=self._device_rank),
-            config=config,
-            model=model,
-            model_parameters=parameters,
-            optimizer=optimizer,
-            lr_scheduler=lr_scheduler,
-            dist_init_required=False,
-        )
-        return engine, ds_optimizer
+        return initialize_engine(model, config, self._device_rank, optimizer, lr_scheduler, parameters)
 
     def _init_optimizers(self) -> tuple[Optimizer, LRSchedulerConfig | None]:
-        optimizer, scheduler_config = super()._init_optimizers()
-        assert isinstance(self.config, dict)
-        if offloads_optimizer(self.config) and self.zero.cpu_adam_for_offload and cpu_adam.is_swappable(optimizer):
-            zero = self.zero
-            optimizer = cpu_adam.to_cpu_adam(
-                optimizer, zero.bf16_optimizer_states, zero.zenflow, zero.zenflow_overlap_step
-            )
-            if scheduler_config is not None:
-                cpu_adam.rebind_scheduler(scheduler_config.scheduler, optimizer)
-        return optimizer, scheduler_config
+        assert self.lightning_module is not None and isinstance(self.config, dict)
+        return engine_optimizer(self.lightning_module, self.zero, self.config)
 
     def _format_config(self) -> None:
         # Runs before `configure_model` (ZeRO-3 needs the config to build the model): only Trainer values here.

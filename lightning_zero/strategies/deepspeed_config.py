@@ -423,8 +423,12 @@ def resolve_module_autos(ds_config: Mapping[str, Any], hparams: Mapping[str, Any
     return config
 
 
+#: Where ``"auto"`` is DeepSpeed's own value, resolved by DeepSpeed (ZenFlow's update and selection intervals).
+_DEEPSPEED_AUTOS = ("zero_optimization.zenflow.",)
+
+
 def _raise_on_leftover(config: Mapping[str, Any]) -> None:
-    leftover = sorted(_auto_paths(config))
+    leftover = sorted(path for path in _auto_paths(config) if not path.startswith(_DEEPSPEED_AUTOS))
     if leftover:
         raise ZeroConfigError(f"DeepSpeed config has `auto` values that cannot be inferred: {leftover}; give them.")
 
