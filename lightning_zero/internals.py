@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from lightning.fabric.utilities.init import _materialize_distributed_module
+from lightning.pytorch.core.optimizer import _init_optimizers_and_lr_schedulers
 from lightning.pytorch.strategies.launchers.subprocess_script import _SubprocessScriptLauncher
 from torch import nn
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
@@ -28,6 +29,7 @@ __all__ = [
     "apply_activation_checkpointing",
     "checkpoint_wrapper",
     "extension_build_directory",
+    "init_optimizers_and_schedulers",
     "materialize_meta_module",
     "set_cuda_allocator_settings",
 ]
@@ -55,6 +57,10 @@ RELIED_ON: dict[str, str] = {
     "lightning.fabric.utilities.init._materialize_distributed_module": (
         "FSDP2 meta-device initialisation after sharding, as ModelParallelStrategy does (its TODO: a public "
         "Fabric.materialize)"
+    ),
+    "lightning.pytorch.core.optimizer._init_optimizers_and_lr_schedulers": (
+        "the module's optimizers and scheduler configs, normalised as Lightning does, before the DeepSpeed engine "
+        "exists (run and zero_auto's trials alike; Lightning calls it only inside its strategies' setup)"
     ),
     "lightning.pytorch.strategies.deepspeed.DeepSpeedStrategy.setup_environment": (
         "lifted to run DeepSpeed on CPU (Lightning refuses it since Lightning-AI/pytorch-lightning#12699)"
@@ -117,3 +123,4 @@ def set_cuda_allocator_settings(settings: str) -> None:
 
 materialize_meta_module: Callable[[nn.Module, Any], None] = _materialize_distributed_module
 SubprocessScriptLauncher = _SubprocessScriptLauncher
+init_optimizers_and_schedulers = _init_optimizers_and_lr_schedulers

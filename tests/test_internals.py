@@ -27,6 +27,7 @@ FINGERPRINTS: dict[str, str] = {
     "torch.cuda.memory._set_allocator_settings": "88de771c75b87a1c",
     "torch.nn.Module._apply": "e50d01ca9c5c9b60",
     "lightning.fabric.utilities.init._materialize_distributed_module": "04f62d1d98feb207",
+    "lightning.pytorch.core.optimizer._init_optimizers_and_lr_schedulers": "8b5a6065460889a1",
     "lightning.pytorch.strategies.deepspeed.DeepSpeedStrategy.setup_environment": "de7e179a7fc99ab5",
     "lightning.pytorch.strategies.deepspeed.DeepSpeedStrategy.setup_distributed": "78cee79c7c131102",
     "lightning.pytorch.strategies.deepspeed.DeepSpeedStrategy._setup_model_and_optimizer": "6a7d1e7daa636a60",

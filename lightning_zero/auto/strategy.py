@@ -54,6 +54,7 @@ from lightning_zero.auto.search import (
     retries,
 )
 from lightning_zero.errors import ZeroConfigError
+from lightning_zero.internals import set_cuda_allocator_settings
 from lightning_zero.memory.budget import GIB
 from lightning_zero.memory.plan import PlanRow, candidate_layouts, make_plan
 from lightning_zero.memory.probe import probe_activations
@@ -169,11 +170,13 @@ class ZeroAutoStrategy(ZeroStrategy):
         self.trials: list[Measurement] = []
         self.plan_rows: list[PlanRow] = []
         self.from_cache = False
+        self._expanded_segments = False
 
     def setup(self, trainer: Any) -> None:
         assert self.lightning_module is not None
         if self.auto.expandable_segments:
             use_expandable_segments(self.root_device)
+            self._expanded_segments = self.root_device.type == "cuda"
         first_batch = _first_batch(trainer, self.lightning_module)
         candidate = self.search(trainer, first_batch)
         # Lightning may have resolved the config already (``configure_model`` asks for it): resolve this one.
@@ -189,6 +192,12 @@ class ZeroAutoStrategy(ZeroStrategy):
         self.chosen = candidate
         rank_zero_info(f"zero_auto chose {candidate.name}.")
         super().setup(trainer)
+
+    def teardown(self) -> None:
+        super().teardown()
+        if self._expanded_segments:  # the allocator setting is process-wide: a later run must not inherit it
+            set_cuda_allocator_settings("expandable_segments:False")
+            self._expanded_segments = False
 
     def _base(self) -> AutoZeroConfig:
         return self.auto.replace(memory_budget_gib=self._budget_gib())
@@ -509,7 +518,7 @@ def use_expandable_segments(device: torch.device) -> None:
     """
     if device.type != "cuda":
         return
-    torch.cuda.memory._set_allocator_settings("expandable_segments:True")
+    set_cuda_allocator_settings("expandable_segments:True")
     rank_zero_info(
         "zero_auto: switched the CUDA allocator to expandable segments"
         " (set `expandable_segments: false` to leave it as it is)."

@@ -20,7 +20,6 @@ import torch
 from lightning.fabric.plugins.collectives.torch_collective import default_pg_timeout
 from lightning.fabric.utilities.seed import reset_seed
 from lightning.pytorch import LightningModule
-from lightning.pytorch.core.optimizer import _init_optimizers_and_lr_schedulers
 from lightning.pytorch.strategies import DDPStrategy, DeepSpeedStrategy
 from lightning.pytorch.strategies.deepspeed import remove_module_hooks
 from torch.nn import Module
@@ -29,7 +28,8 @@ from torchmetrics import Metric
 
 from lightning_zero.checkpoint.strategy import SafeCheckpoints
 from lightning_zero.errors import ZeroConfigError
-from lightning_zero.memory.budget import apply_memory_budget
+from lightning_zero.internals import init_optimizers_and_schedulers
+from lightning_zero.memory.budget import apply_memory_budget, lift_memory_budget
 from lightning_zero.models.blocks import prepare_blocks
 from lightning_zero.runtime.ops import wait_for_op
 from lightning_zero.runtime.watchdog import WatchedRanks
@@ -104,7 +104,7 @@ def engine_optimizer(
     plain torch Adam/AdamW becomes DeepSpeed's CPU Adam (:func:`~lightning_zero.strategies.cpu_adam.for_deepspeed`).
     """
     # Lightning's own reading of the many forms `configure_optimizers` may return, as its DeepSpeedStrategy does.
-    optimizers, schedulers = _init_optimizers_and_lr_schedulers(module)
+    optimizers, schedulers = init_optimizers_and_schedulers(module)
     if len(optimizers) != 1 or len(schedulers) > 1:
         raise ZeroConfigError(
             f"DeepSpeed steps one optimizer and at most one scheduler, but `configure_optimizers` returned"
@@ -166,14 +166,24 @@ def initialize_engine(
 class _DeepSpeedOnCpu(DeepSpeedStrategy):
     """Lightning's ``DeepSpeedStrategy``, which refuses anything but CUDA at set-up; DeepSpeed itself runs on CPU."""
 
+    _replaced_accelerator: Any = None
+
     @property
     def on_cpu(self) -> bool:
         return self.root_device.type == "cpu"
 
     def setup_environment(self) -> None:
         if self.on_cpu:
-            _use_deepspeed_cpu_accelerator()
+            self._replaced_accelerator = _use_deepspeed_cpu_accelerator()
         DDPStrategy.setup_environment(self)
+
+    def teardown(self) -> None:
+        super().teardown()
+        if self._replaced_accelerator is not None:  # DeepSpeed's accelerator is process-wide: give it back
+            from deepspeed.accelerator import set_accelerator
+
+            set_accelerator(self._replaced_accelerator)
+            self._replaced_accelerator = None
 
     def setup_distributed(self) -> None:
         if not self.on_cpu:
@@ -282,6 +292,7 @@ class DeepSpeedZeroStrategy(WatchedRanks, SafeCheckpoints, _DeepSpeedOnCpu):
 
             unset_hf_deepspeed_config()
             self._transformers_zero3 = None
+        lift_memory_budget(self)
         super().teardown()
 
     @property
@@ -366,9 +377,13 @@ class DeepSpeedZeroStrategy(WatchedRanks, SafeCheckpoints, _DeepSpeedOnCpu):
 ZeroStrategy = DeepSpeedZeroStrategy
 
 
-def _use_deepspeed_cpu_accelerator() -> None:
+def _use_deepspeed_cpu_accelerator() -> Any:
+    """Make DeepSpeed's process-wide accelerator its CPU one; the one it replaced, or None."""
     from deepspeed.accelerator import get_accelerator, set_accelerator
     from deepspeed.accelerator.cpu_accelerator import CPU_Accelerator
 
-    if get_accelerator().device_name() != "cpu":
-        set_accelerator(CPU_Accelerator())
+    current = get_accelerator()
+    if current.device_name() == "cpu":
+        return None
+    set_accelerator(CPU_Accelerator())
+    return current
