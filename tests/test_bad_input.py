@@ -306,22 +306,24 @@ def test_there_are_at_least_40_cases() -> None:
     assert len(CASE_IDS) >= 40
 
 
-@pytest.mark.parametrize("case", ["fp16-deepspeed-cpu", "deepspeed-clip-by-value", "deepspeed-config-unknown-section"])
-def test_a_real_process_ends_at_once_without_a_traceback(case: str, tmp_path: Path) -> None:
-    argv, fragments = cases(tmp_path)[case]
+def error_line_of_a_real_process(argv: list[str]) -> str:
+    """Run ``main.py argv`` in its own process; return its one `error:` line, its last, after checking the exit
+    status and that no traceback or warning came before it."""
     result = subprocess.run(
-        [sys.executable, str(REPO / "main.py"), *argv],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
+        [sys.executable, str(REPO / "main.py"), *argv], cwd=REPO, capture_output=True, text=True, timeout=120
     )
     assert result.returncode == 2, result.stderr[-2000:]
     assert "Traceback" not in result.stderr and "Warning" not in result.stderr, result.stderr[-2000:]
     errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
-    assert len(errors) == 1 and all(fragment in errors[0] for fragment in fragments), result.stderr[-2000:]
-    assert result.stderr.strip().splitlines()[-1] == errors[0]
+    assert errors == [result.stderr.strip().splitlines()[-1]], result.stderr[-2000:]
+    return errors[0]
+
+
+@pytest.mark.parametrize("case", ["fp16-deepspeed-cpu", "deepspeed-clip-by-value", "deepspeed-config-unknown-section"])
+def test_a_real_process_ends_at_once_without_a_traceback(case: str, tmp_path: Path) -> None:
+    argv, fragments = cases(tmp_path)[case]
+    line = error_line_of_a_real_process(argv)
+    assert all(fragment in line for fragment in fragments), line
 
 
 @pytest.mark.parametrize(
@@ -352,19 +354,8 @@ def test_a_file_in_another_encoding_ends_a_two_process_run_at_once_without_a_tra
     latin1 = tmp_path / "latin1.csv"
     latin1.write_bytes("text,label\nun café,1\nmauvais,0\n".encode("latin-1"))
     arguments = [*QUICKSTART, *FILES_DATA, f"--data.init_args.train_file={latin1}", "--trainer.devices=2"]
-    result = subprocess.run(
-        [sys.executable, str(REPO / "main.py"), *arguments],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    assert result.returncode == 2, result.stderr[-2000:]
-    assert "Traceback" not in result.stderr, result.stderr[-2000:]
-    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
-    assert errors == [result.stderr.strip().splitlines()[-1]], result.stderr[-2000:]
-    assert "not valid utf-8 at byte 17 (line 2): pass data.init_args.encoding: latin-1" in errors[0]
+    line = error_line_of_a_real_process(arguments)
+    assert "not valid utf-8 at byte 17 (line 2): pass data.init_args.encoding: latin-1" in line
 
 
 # --- quiet by default -----------------------------------------------------------------------------------------------
