@@ -340,7 +340,9 @@ class DeepSpeedZeroStrategy(WatchedRanks, SafeCheckpoints, _DeepSpeedOnCpu):
         self.config = resolve_auto(self.config, self._trainer_values())
 
     def init_deepspeed(self) -> None:
-        # The model exists now: `"auto"` optimizer and scheduler values come from the module's optimizer.
+        # The model exists now: `"auto"` optimizer and scheduler values come from the module's optimizer. With an
+        # `optimizer` section DeepSpeed builds its own and Lightning never calls `_init_optimizers`: reading the
+        # module's settings is this one call of `configure_optimizers`.
         assert isinstance(self.config, dict)
         module = self.lightning_module
         if has_module_autos(self.config) and module is not None and module.trainer.training:
