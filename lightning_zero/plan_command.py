@@ -4,7 +4,7 @@
     lightning-zero plan --config configs/quickstart.yaml --budget-gib 4 --devices 2
 
 It builds the config through the CLI, probes one batch (:mod:`lightning_zero.memory.probe`) and prints
-:func:`lightning_zero.memory.plan.make_plan`'s table. It sits above the CLI so that the memory modules, which
+:func:`lightning_zero.auto.plan.make_plan`'s table. It sits above the CLI so that the memory modules, which
 ``zero_auto`` uses, never import it.
 """
 
@@ -23,10 +23,10 @@ import yaml
 from lightning.pytorch import LightningModule
 from lightning.pytorch.utilities import move_data_to_device
 
+from lightning_zero.auto.plan import PlanRow, format_plan, make_plan
 from lightning_zero.cli import ZeroCLI
 from lightning_zero.errors import ZeroConfigError
 from lightning_zero.memory.budget import GIB
-from lightning_zero.memory.plan import PlanRow, format_plan, make_plan
 from lightning_zero.memory.probe import ActivationProbe, probe_activations
 from lightning_zero.memory.states import ParameterShapes
 from lightning_zero.runtime.batches import training_loss

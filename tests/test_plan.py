@@ -13,9 +13,9 @@ import pytest
 import torch
 from torch import nn
 
+from lightning_zero.auto.plan import candidate_layouts, format_plan, make_plan
 from lightning_zero.cli import main
 from lightning_zero.memory import probe
-from lightning_zero.memory.plan import candidate_layouts, format_plan, make_plan
 from lightning_zero.memory.probe import (
     ActivationProbe,
     peak_probe_sizes,
@@ -167,3 +167,12 @@ def test_plan_command_errors_in_one_line(capsys: pytest.CaptureFixture[str], arg
     assert main(["plan", *args]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and message in err
+
+
+def test_the_plan_considers_every_presets_layout() -> None:
+    from lightning_zero.memory.budget import preset_layout
+    from lightning_zero.preset_table import PRESETS
+
+    considered = set(candidate_layouts())
+    presets = [preset for preset in PRESETS if preset.backend != "auto"]
+    assert [preset.name for preset in presets if preset_layout(preset) not in considered] == []

@@ -12,6 +12,7 @@ import lightning as L
 import pytest
 import torch
 
+from lightning_zero.auto.plan import PlanRow
 from lightning_zero.auto.search import (
     BF16_STATES,
     ZENFLOW,
@@ -37,7 +38,6 @@ from lightning_zero.auto.strategy import (
     write_cache,
 )
 from lightning_zero.errors import ZeroConfigError
-from lightning_zero.memory.plan import PlanRow
 from lightning_zero.memory.states import Layout, ModelStates, ParameterShapes
 from lightning_zero.strategies.deepspeed import zenflow_optimizer_section
 from lightning_zero.strategies.deepspeed_config import TrainerValues

@@ -18,9 +18,10 @@ import json
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, replace
 
+from lightning_zero.auto.plan import PlanRow
 from lightning_zero.errors import ZeroConfigError
-from lightning_zero.memory.plan import PlanRow
 from lightning_zero.memory.states import Layout
+from lightning_zero.strategies.deepspeed_config import REDUCE_BUCKET
 
 MAX = "max"
 #: bf16 master weights, gradients and Adam states of the offloaded optimizer (``bf16_optimizer_states``).
@@ -126,7 +127,7 @@ def candidates(
     total_parameters: int,
     on_cuda: bool,
     max_trials: int,
-    default_bucket: int = 200_000_000,
+    default_bucket: int = REDUCE_BUCKET,
     host_free_bytes: int | None = None,
     levers: Sequence[str] = (),
 ) -> list[Candidate]:

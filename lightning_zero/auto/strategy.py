@@ -3,7 +3,7 @@
     Trainer(strategy="zero_auto")                                  # budget: the whole device
     Trainer(strategy=build_preset("zero_auto", memory_budget_gib=24, batch_size="max", cache_file="auto.json"))
 
-At set-up, once the model exists: plan every DeepSpeed layout (:mod:`lightning_zero.memory.plan`, with a real
+At set-up, once the model exists: plan every DeepSpeed layout (:mod:`lightning_zero.auto.plan`, with a real
 activation probe of the model on a batch of the data), take the few candidates the plan says fit
 (:func:`lightning_zero.auto.search.candidates`: stage, optimizer offload incl. a partial ratio at stage 3,
 activation checkpointing, micro-batch x accumulation, pinned host buffers on CUDA, bucket size), time a few
@@ -36,6 +36,7 @@ from lightning.pytorch.utilities import move_data_to_device, rank_zero_info, ran
 from lightning.pytorch.utilities.parsing import lightning_hasattr, lightning_setattr
 from torch import nn
 
+from lightning_zero.auto.plan import PlanRow, candidate_layouts, make_plan
 from lightning_zero.auto.search import (
     APPROXIMATE_LEVERS,
     BF16_STATES,
@@ -56,7 +57,6 @@ from lightning_zero.auto.search import (
 from lightning_zero.errors import ZeroConfigError
 from lightning_zero.internals import set_cuda_allocator_settings
 from lightning_zero.memory.budget import GIB
-from lightning_zero.memory.plan import PlanRow, candidate_layouts, make_plan
 from lightning_zero.memory.probe import probe_activations
 from lightning_zero.memory.states import ParameterShapes
 from lightning_zero.models.blocks import prepare_blocks

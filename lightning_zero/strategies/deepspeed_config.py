@@ -22,6 +22,12 @@ from lightning_zero.strategies.config import ZeroConfig, require_existing_dir
 AUTO = "auto"
 
 
+#: Elements of the default reduce and all-gather buckets (stages 1-2) and of the stage-3 prefetch bucket; the memory
+#: plan and zero_auto's candidates count with the same.
+REDUCE_BUCKET = 200_000_000
+PREFETCH_BUCKET = 50_000_000
+
+
 @dataclasses.dataclass(frozen=True)
 class DeepSpeedZeroConfig(ZeroConfig):
     """ZeRO through DeepSpeed. ``compile_blocks`` runs on stages 0-2 (ZeRO-3's parameter hooks run inside every
@@ -74,9 +80,9 @@ class DeepSpeedZeroConfig(ZeroConfig):
     pin_memory: bool = True
     overlap_comm: bool = True
     contiguous_gradients: bool = True
-    reduce_bucket_size: int = 200_000_000
-    allgather_bucket_size: int = 200_000_000
-    prefetch_bucket_size: int = 50_000_000
+    reduce_bucket_size: int = REDUCE_BUCKET
+    allgather_bucket_size: int = REDUCE_BUCKET
+    prefetch_bucket_size: int = PREFETCH_BUCKET
     param_persistence_threshold: int = 100_000
     max_live_parameters: int = 1_000_000_000
     sub_group_size: int = 1_000_000_000

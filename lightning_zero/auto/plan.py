@@ -19,12 +19,10 @@ from dataclasses import dataclass
 from lightning_zero.memory.budget import GIB
 from lightning_zero.memory.probe import ActivationProbe
 from lightning_zero.memory.states import Layout, ModelStates, ParameterShapes, Precision, model_states
+from lightning_zero.strategies.deepspeed_config import PREFETCH_BUCKET, REDUCE_BUCKET
 
 #: Share of the budget kept free for allocator fragmentation and framework workspaces.
 HEADROOM = 0.1
-#: Elements of DeepSpeed's default reduce bucket (stages 1-2) and stage-3 prefetch bucket.
-REDUCE_BUCKET = 200_000_000
-PREFETCH_BUCKET = 50_000_000
 PARTIAL_OFFLOAD_RATIO = 0.5
 
 
