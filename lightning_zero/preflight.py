@@ -15,7 +15,7 @@ from lightning.pytorch.utilities import rank_zero_info
 
 from lightning_zero.errors import ZeroConfigError
 from lightning_zero.hardware import cpu_precision
-from lightning_zero.strategies.launch_checks import check_deepspeed_trainer, check_strategy_precision
+from lightning_zero.strategies.launch_checks import check_deepspeed_trainer, check_zero_trainer
 
 _DEVICES_TEXT = re.compile(r"auto|-1|\d+|\d+(\s*,\s*\d+)*,?")
 
@@ -97,15 +97,15 @@ def check_built_trainer(trainer: Any) -> None:
     if trainer is None:
         return
     strategy = trainer.strategy
-    if isinstance(trainer.accelerator, CPUAccelerator):
-        if isinstance(strategy, DeepSpeedStrategy) and not isinstance(strategy, ZeroStrategy):
+    if isinstance(strategy, ZeroStrategy):
+        check_zero_trainer(trainer)
+    elif isinstance(strategy, DeepSpeedStrategy):
+        if isinstance(trainer.accelerator, CPUAccelerator):
             raise ZeroConfigError(
                 "Lightning's own DeepSpeed strategies run only on CUDA GPUs: on CPU use a lightning-zero preset "
                 "(`--trainer.strategy zero2`, `zero3`, `zero2_offload`, ...; `lightning-zero strategies` lists them)."
             )
-        check_strategy_precision(strategy, trainer.precision)
-    if isinstance(strategy, DeepSpeedStrategy):
-        check_deepspeed_trainer(strategy.config if isinstance(strategy, ZeroStrategy) else None, trainer)
+        check_deepspeed_trainer(None, trainer)
 
 
 def _check_devices(devices: Any) -> None:

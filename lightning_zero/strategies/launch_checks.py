@@ -37,6 +37,14 @@ def check_deepspeed_trainer(config: dict[str, Any] | None, trainer: Any) -> None
         resolve_auto(config, values)
 
 
+def check_zero_trainer(trainer: Any) -> None:
+    """The checks of a Trainer whose strategy is lightning-zero's DeepSpeed one: fp16 on CPU, then
+    :func:`check_deepspeed_trainer` with its config."""
+    if isinstance(trainer.accelerator, CPUAccelerator):
+        check_cpu_precision(trainer.precision)
+    check_deepspeed_trainer(trainer.strategy.config, trainer)
+
+
 class PreflightLauncher(SubprocessScriptLauncher):
     """Lightning's launcher of a script's ranks, which first checks a lightning-zero DeepSpeed Trainer (precision
     on CPU, clipping, the config against the Trainer), so that a Trainer built in Python fails with one line before
@@ -44,9 +52,7 @@ class PreflightLauncher(SubprocessScriptLauncher):
 
     def launch(self, function: Callable[..., Any], *args: Any, trainer: Any = None, **kwargs: Any) -> Any:
         if trainer is not None:
-            if isinstance(trainer.accelerator, CPUAccelerator):
-                check_strategy_precision(trainer.strategy, trainer.precision)
-            check_deepspeed_trainer(trainer.strategy.config, trainer)
+            check_zero_trainer(trainer)
         return super().launch(function, *args, trainer=trainer, **kwargs)
 
 
@@ -57,11 +63,9 @@ def preflight_launcher(launcher: Any) -> Any:
     return PreflightLauncher(launcher.cluster_environment, launcher.num_processes, launcher.num_nodes)
 
 
-def check_strategy_precision(strategy: Any, precision: Any) -> None:
+def check_cpu_precision(precision: Any) -> None:
     """DeepSpeed refuses fp16 on CPU, but only from rank 0 after start-up: say so before launching (CPU runs)."""
-    from lightning.pytorch.strategies import DeepSpeedStrategy
-
-    if isinstance(strategy, DeepSpeedStrategy) and str(precision) in _FP16:
+    if str(precision) in _FP16:
         raise ZeroConfigError(
             f"Precision {precision!r} is fp16, which DeepSpeed does not support on CPU: "
             "use `--trainer.precision bf16-mixed` or `32-true` there (fp16 is for GPUs)."
