@@ -129,12 +129,15 @@ class _HelpFormatter(RawDescriptionHelpFormatter, DefaultHelpFormatter):
 def run_cli(args: Sequence[str] | None = None) -> ZeroCLI:
     """Parse ``args`` (``sys.argv`` by default) and run the subcommand; an error about the user's input, from
     building the objects or from Lightning's checks when the run starts, becomes one :class:`ZeroConfigError`."""
+    argv = list(sys.argv[1:] if args is None else args)
+    # The list of commands imports each command's module for its description: only for a help page.
+    epilog = commands_help() if {"-h", "--help"} & set(argv) else None
     try:
         return ZeroCLI(
             subclass_mode_model=True,
             subclass_mode_data=True,
             save_config_kwargs={"overwrite": True},
-            parser_kwargs={"description": DESCRIPTION, "epilog": commands_help(), "formatter_class": _HelpFormatter},
+            parser_kwargs={"description": DESCRIPTION, "epilog": epilog, "formatter_class": _HelpFormatter},
             trainer_defaults={"callbacks": [ExactResume(), WeightsOnlyResume()]},
             args=list(args) if args is not None else None,
         )
