@@ -77,6 +77,10 @@ RELIED_ON: dict[str, str] = {
     "lightning.pytorch.strategies.deepspeed.DeepSpeedStrategy._format_config": (
         "the config comes from our typed dataclass; Lightning's formatting would re-add its own defaults"
     ),
+    "lightning.pytorch.strategies.deepspeed.DeepSpeedStrategy.__init__": (
+        "stores the `config` it is given, its one write of `config` outside `_format_config`: ZeroStrategy's `config` "
+        "is a read-only view of its settings that accepts only that store (Lightning's `config` is a plain attribute)"
+    ),
     "lightning.pytorch.strategies.launchers.subprocess_script._SubprocessScriptLauncher.launch": (
         "checks in the launching process before the other ranks start (Lightning has no hook between the Trainer's"
         " entry point and the launch)"

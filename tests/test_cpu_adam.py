@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from lightning_zero.strategies import cpu_adam
-from lightning_zero.strategies.deepspeed_config import DeepSpeedZeroConfig, to_deepspeed_config
+from lightning_zero.strategies.deepspeed_config import DeepSpeedZeroConfig
 
 
 def make_model() -> torch.nn.Sequential:
@@ -88,11 +88,11 @@ def test_the_deepspeed_swap_rule_needs_optimizer_offload_and_cpu_adam_for_offloa
     offload = DeepSpeedZeroConfig(offload_optimizer="cpu")
     for zero in (DeepSpeedZeroConfig(), DeepSpeedZeroConfig(offload_optimizer="cpu", cpu_adam_for_offload=False)):
         kept = torch.optim.AdamW(make_model().parameters())
-        assert cpu_adam.for_deepspeed(kept, None, zero, to_deepspeed_config(zero)) is kept
+        assert cpu_adam.for_deepspeed(kept, None, zero) is kept
     sgd = torch.optim.SGD(make_model().parameters(), lr=0.1)
-    assert cpu_adam.for_deepspeed(sgd, None, offload, to_deepspeed_config(offload)) is sgd
+    assert cpu_adam.for_deepspeed(sgd, None, offload) is sgd
     original = torch.optim.AdamW(make_model().parameters(), lr=1.0)
     scheduler = torch.optim.lr_scheduler.StepLR(original, step_size=1)
     zenflow = offload.replace(zenflow=True)
-    swapped = cpu_adam.for_deepspeed(original, scheduler, zenflow, to_deepspeed_config(zenflow))
+    swapped = cpu_adam.for_deepspeed(original, scheduler, zenflow)
     assert type(swapped).__name__ == "ZenFlowCPUAdam" and scheduler.optimizer is swapped

@@ -14,7 +14,6 @@ from lightning_zero.strategies.deepspeed_config import (
     TrainerValues,
     has_module_autos,
     load_deepspeed_config,
-    offloads_optimizer,
     resolve_auto,
     resolve_module_autos,
     to_deepspeed_config,
@@ -203,10 +202,11 @@ def test_compiling_blocks_is_refused_under_stage_3() -> None:
         DeepSpeedZeroConfig(stage=3, compile_blocks=True)
 
 
-def test_offload_detection() -> None:
-    assert offloads_optimizer(to_deepspeed_config(DeepSpeedZeroConfig(stage=2, offload_optimizer="cpu")))
-    assert not offloads_optimizer(to_deepspeed_config(DeepSpeedZeroConfig(stage=3)))
-    assert not offloads_optimizer({"zero_optimization": {"offload_optimizer": {"device": "none"}}})
+def test_optimizer_offload_is_read_back_from_a_config() -> None:
+    offloaded = to_deepspeed_config(DeepSpeedZeroConfig(stage=2, offload_optimizer="cpu"))
+    assert zero_config_of(offloaded).offload_optimizer == "cpu"
+    assert zero_config_of(to_deepspeed_config(DeepSpeedZeroConfig(stage=3))).offload_optimizer == "none"
+    assert zero_config_of({"zero_optimization": {"offload_optimizer": {"device": "none"}}}).offload_optimizer == "none"
 
 
 # --- offload levers (DeepSpeed 0.19.8 keys, checked against DeepSpeed's own config models) -------------------

@@ -34,6 +34,7 @@ FINGERPRINTS: dict[str, str] = {
     "lightning.pytorch.strategies.deepspeed.DeepSpeedStrategy._initialize_deepspeed_inference": "dc47d956a17bc6ac",
     "lightning.pytorch.strategies.deepspeed.DeepSpeedStrategy._init_optimizers": "83062fba495c4008",
     "lightning.pytorch.strategies.deepspeed.DeepSpeedStrategy._format_config": "e4c7bc1cd605458b",
+    "lightning.pytorch.strategies.deepspeed.DeepSpeedStrategy.__init__": "7f8b9dc973f1f8ae",
     "lightning.pytorch.strategies.launchers.subprocess_script._SubprocessScriptLauncher.launch": "16cdd0a2d94b8f47",
     "lightning.pytorch.strategies.ddp.DDPStrategy._configure_launcher": "0869347d2833203c",
     "lightning.pytorch.strategies.ddp.DDPStrategy.setup": "3e1dd84901a333f1",

@@ -31,9 +31,9 @@ from lightning_zero.auto.search import (
 from lightning_zero.auto.strategy import (
     AutoZeroConfig,
     ZeroAutoStrategy,
-    deepspeed_config_for,
+    candidate_zero,
     read_cache,
-    trial_config,
+    trial_settings,
     use_expandable_segments,
     write_cache,
 )
@@ -41,6 +41,7 @@ from lightning_zero.errors import ZeroConfigError
 from lightning_zero.memory.states import Layout, ModelStates, ParameterShapes
 from lightning_zero.strategies.deepspeed import zenflow_optimizer_section
 from lightning_zero.strategies.deepspeed_config import TrainerValues
+from lightning_zero.strategies.deepspeed_settings import DeepSpeedSettings
 from tests.helpers.launch import run_script
 
 RUNNER = Path(__file__).parent / "helpers" / "fit_run.py"
@@ -185,8 +186,8 @@ def test_candidate_round_trips_through_the_cache_format() -> None:
 
 
 def test_config_of_a_candidate_carries_ratio_pinning_and_buckets() -> None:
-    zero, config = deepspeed_config_for(AutoZeroConfig(), Candidate(ZERO3_PARTIAL, 8, 2, True, 2**20))
-    section = config["zero_optimization"]
+    zero = candidate_zero(AutoZeroConfig(), Candidate(ZERO3_PARTIAL, 8, 2, True, 2**20))
+    section = DeepSpeedSettings.from_zero(zero).deepspeed_dict()["zero_optimization"]
     assert (zero.stage, zero.offload_optimizer, zero.pin_memory) == (3, "cpu", True)
     assert section["offload_optimizer"] == {**section["offload_optimizer"], "ratio": 0.5, "pin_memory": True}
     assert section["reduce_bucket_size"] == 2**20 and "zenflow" not in section
@@ -235,25 +236,28 @@ def test_approximate_rows_are_tagged_in_the_trials_table() -> None:
 
 def test_config_of_an_approximate_candidate_carries_its_lever_and_resolves() -> None:
     auto, values = AutoZeroConfig(approximate=True), TrainerValues(4, precision="bf16-mixed")
-    zero, config = trial_config(auto, Candidate(ZERO2_OFFLOAD, 4, 1, True, 2**20, ZENFLOW), values)
+    settings = trial_settings(auto, Candidate(ZERO2_OFFLOAD, 4, 1, True, 2**20, ZENFLOW), values)
+    zero, config = settings.zero, settings.deepspeed_dict()
     assert zero.zenflow and not zero.bf16_optimizer_states
+    assert config["train_micro_batch_size_per_gpu"] == 4, "resolved with the Trainer's values"
     # ZenFlow's own "auto" intervals are DeepSpeed's to resolve: they are left in place, not refused.
     assert config["zero_optimization"]["zenflow"]["update_interval"] == "auto"
-    zero, config = trial_config(auto, Candidate(ZERO3_PARTIAL, 4, 1, True, 2**20, BF16_STATES), values)
-    assert zero.bf16_optimizer_states and config["bf16"]["bf16_optimizer_states"]
-    with pytest.raises(ZeroConfigError, match=r"^`zenflow` is approximate and `zero_auto` searches exact layouts only"):
-        deepspeed_config_for(AutoZeroConfig(), Candidate(ZERO2_OFFLOAD, 4, 1, True, 2**20, ZENFLOW))
+    settings = trial_settings(auto, Candidate(ZERO3_PARTIAL, 4, 1, True, 2**20, BF16_STATES), values)
+    assert settings.zero.bf16_optimizer_states and settings.deepspeed_dict()["bf16"]["bf16_optimizer_states"]
+    with pytest.raises(ZeroConfigError, match=r"^`zenflow` is approximate: zero_auto tries it only with `approxim"):
+        candidate_zero(AutoZeroConfig(), Candidate(ZERO2_OFFLOAD, 4, 1, True, 2**20, ZENFLOW))
 
 
 def test_zenflow_gets_the_client_optimizers_hyper_parameters_in_the_config() -> None:
     # DeepSpeed 0.19.8's ZenFlow builds its accelerator-side AdamW from the config's `optimizer.params` only.
     optimizer = torch.optim.AdamW(torch.nn.Linear(2, 2).parameters(), lr=3e-3, betas=(0.8, 0.9), eps=1e-7)
-    _, config = deepspeed_config_for(AutoZeroConfig(approximate=True), Candidate(ZERO2_OFFLOAD, 4, 1, True, 1, ZENFLOW))
+    zenflow = candidate_zero(AutoZeroConfig(approximate=True), Candidate(ZERO2_OFFLOAD, 4, 1, True, 1, ZENFLOW))
+    config = DeepSpeedSettings.from_zero(zenflow).deepspeed_dict()
     section = zenflow_optimizer_section(config, optimizer)["optimizer"]
     assert section == {"type": "AdamW", "params": {"lr": 3e-3, "betas": [0.8, 0.9], "eps": 1e-7, "weight_decay": 0.01}}
     assert "optimizer" not in config, "the config itself is left as it was"
-    _, exact = deepspeed_config_for(AutoZeroConfig(), Candidate(ZERO2_OFFLOAD, 4, 1, True, 1))
-    assert "optimizer" not in zenflow_optimizer_section(exact, optimizer), "only for ZenFlow"
+    exact = DeepSpeedSettings.from_zero(candidate_zero(AutoZeroConfig(), Candidate(ZERO2_OFFLOAD, 4, 1, True, 1)))
+    assert "optimizer" not in zenflow_optimizer_section(exact.deepspeed_dict(), optimizer), "only for ZenFlow"
 
 
 def test_the_cache_key_includes_approximate() -> None:
@@ -329,14 +333,12 @@ def test_zero_auto_is_a_registered_preset() -> None:
         AutoZeroConfig(compile_blocks=True)
     offloaded = {"stage": 3, "offload_optimizer": "cpu"}
     for lever in ("bf16_optimizer_states", "zenflow"):  # approximate: never searched unasked, never set by hand
-        with pytest.raises(
-            ZeroConfigError, match=f"exact layouts only: set `approximate: true` to let it try `{lever}`"
-        ):
-            ZeroAutoStrategy(zero={**offloaded, lever: True})
-        with pytest.raises(ZeroConfigError, match=f"chooses `{lever}` itself with `approximate: true`: remove"):
-            ZeroAutoStrategy(zero={**offloaded, lever: True, "approximate": True})
-    with pytest.raises(ZeroConfigError, match="chooses the offload ratio itself"):
-        ZeroAutoStrategy(zero={**offloaded, "offload_ratio": 0.5})
+        for approximate in (False, True):
+            with pytest.raises(ZeroConfigError, match=rf"^`zero_auto` chooses `{lever}` itself: remove it \(`appr"):
+                ZeroAutoStrategy(zero={lever: True, "approximate": approximate})  # whatever the layout
+    for ratio in ({**offloaded, "offload_ratio": 0.5}, {"offload_ratio": 0.5}):
+        with pytest.raises(ZeroConfigError, match=r"^`zero_auto` chooses the offload ratio itself"):
+            ZeroAutoStrategy(zero=ratio)
 
 
 def test_expandable_segments_are_switched_on_for_cuda_only(monkeypatch: pytest.MonkeyPatch) -> None:

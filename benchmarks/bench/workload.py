@@ -270,11 +270,6 @@ def lightning_deepspeed_on_cpu(name: str) -> Any:
     ``None`` on CPU; lightning-zero's set-up stands in for those two places only, the step path is Lightning's."""
     from lightning.pytorch.strategies import StrategyRegistry
 
-    from lightning_zero.strategies.deepspeed import DeepSpeedZeroStrategy, _DeepSpeedOnCpu
+    from lightning_zero.strategies.deepspeed import _DeepSpeedOnCpu
 
-    class LightningDeepSpeedOnCpu(_DeepSpeedOnCpu):
-        _device_rank = DeepSpeedZeroStrategy._device_rank
-        _setup_model_and_optimizer = DeepSpeedZeroStrategy._setup_model_and_optimizer
-        _deepspeed_initialize = DeepSpeedZeroStrategy._deepspeed_initialize
-
-    return LightningDeepSpeedOnCpu(**StrategyRegistry[name]["init_params"])
+    return _DeepSpeedOnCpu(**StrategyRegistry[name]["init_params"])

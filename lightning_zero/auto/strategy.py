@@ -63,12 +63,8 @@ from lightning_zero.models.blocks import prepare_blocks
 from lightning_zero.precision import half_dtype
 from lightning_zero.runtime.batches import first_tensor, is_out_of_memory, samples_in, take_samples, training_loss
 from lightning_zero.strategies.deepspeed import ZeroStrategy, engine_optimizer, forget_zero3_modules, initialize_engine
-from lightning_zero.strategies.deepspeed_config import (
-    DeepSpeedZeroConfig,
-    TrainerValues,
-    resolve_auto,
-    to_deepspeed_config,
-)
+from lightning_zero.strategies.deepspeed_config import DeepSpeedZeroConfig, TrainerValues
+from lightning_zero.strategies.deepspeed_settings import DeepSpeedSettings
 
 #: Rounds of trying again at a smaller micro-batch (:func:`~lightning_zero.auto.search.retries`).
 RETRY_ROUNDS = 2
@@ -113,13 +109,15 @@ class AutoZeroConfig(DeepSpeedZeroConfig):
     approximate: bool = False
 
     def __post_init__(self) -> None:
-        super().__post_init__()
         for lever in APPROXIMATE_LEVERS:
-            if getattr(self, lever) and not self.approximate:
+            if getattr(self, lever):
                 raise ZeroConfigError(
-                    f"`{lever}` is approximate and `zero_auto` searches exact layouts only: set `approximate: true`"
-                    f" to let it try `{lever}`, or set `{lever}` on a preset such as `zero2_offload`."
+                    f"`zero_auto` chooses `{lever}` itself: remove it (`approximate: true` lets the search try it),"
+                    f" or set it on a preset such as `zero2_offload`."
                 )
+        if self.offload_ratio != 1.0:
+            raise ZeroConfigError("`zero_auto` chooses the offload ratio itself: remove `offload_ratio`.")
+        super().__post_init__()
         size = self.batch_size
         if size is not None and size != MAX and (isinstance(size, bool) or not isinstance(size, int) or size < 1):
             raise ZeroConfigError(f"`batch_size` must be a positive global batch or 'max', got {size!r}.")
@@ -132,23 +130,33 @@ class AutoZeroConfig(DeepSpeedZeroConfig):
                 raise ZeroConfigError(f"`{name}` must be at least 1, got {getattr(self, name)!r}.")
 
 
-def deepspeed_config_for(base: AutoZeroConfig, candidate: Candidate) -> tuple[AutoZeroConfig, dict[str, Any]]:
-    """Our config and the DeepSpeed config dict of ``candidate`` (the partial offload ratio and its approximate
-    lever included; a lever with ``base.approximate`` false is refused)."""
+def candidate_zero(base: AutoZeroConfig, candidate: Candidate) -> DeepSpeedZeroConfig:
+    """The DeepSpeed settings of a run of ``candidate``: ``base``'s, with the candidate's layout (the partial offload
+    ratio included), pinning, bucket size and approximate lever (refused unless ``base.approximate``)."""
+    if candidate.lever and not base.approximate:
+        raise ZeroConfigError(f"`{candidate.lever}` is approximate: zero_auto tries it only with `approximate: true`.")
     layout = candidate.layout
-    zero = base.replace(
-        stage=layout.stage,
-        offload_optimizer="cpu" if layout.offload_optimizer else "none",
-        offload_parameters="cpu" if layout.offload_parameters else "none",
-        activation_checkpointing=layout.activation_checkpointing,
-        pin_memory=candidate.pin_memory,
-        reduce_bucket_size=candidate.bucket_size,
-        allgather_bucket_size=candidate.bucket_size,
-        offload_ratio=layout.offload_ratio if layout.offload_optimizer else 1.0,
-        bf16_optimizer_states=candidate.lever == BF16_STATES,
-        zenflow=candidate.lever == ZENFLOW,
+    given = {field.name: getattr(base, field.name) for field in dataclasses.fields(DeepSpeedZeroConfig)}
+    return DeepSpeedZeroConfig(
+        **{
+            **given,
+            "stage": layout.stage,
+            "offload_optimizer": "cpu" if layout.offload_optimizer else "none",
+            "offload_parameters": "cpu" if layout.offload_parameters else "none",
+            "activation_checkpointing": layout.activation_checkpointing,
+            "pin_memory": candidate.pin_memory,
+            "reduce_bucket_size": candidate.bucket_size,
+            "allgather_bucket_size": candidate.bucket_size,
+            "offload_ratio": layout.offload_ratio if layout.offload_optimizer else 1.0,
+            BF16_STATES: candidate.lever == BF16_STATES,
+            ZENFLOW: candidate.lever == ZENFLOW,
+        }
     )
-    return zero, to_deepspeed_config(zero)
+
+
+def trial_settings(base: AutoZeroConfig, candidate: Candidate, values: TrainerValues) -> DeepSpeedSettings:
+    """The settings, resolved with the Trainer's ``values``, that a trial of ``candidate``, and a run with it, use."""
+    return DeepSpeedSettings.from_zero(candidate_zero(base, candidate)).with_trainer(values)
 
 
 class ZeroAutoStrategy(ZeroStrategy):
@@ -163,7 +171,6 @@ class ZeroAutoStrategy(ZeroStrategy):
 
     def __init__(self, zero: AutoZeroConfig | Mapping[str, Any] | None = None, **kwargs: Any) -> None:
         auto = AutoZeroConfig.coerce(zero)
-        _refuse_unsearched(auto)
         super().__init__(zero=auto, **kwargs)
         self.auto: AutoZeroConfig = auto
         self.chosen: Candidate | None = None
@@ -180,7 +187,7 @@ class ZeroAutoStrategy(ZeroStrategy):
         first_batch = _first_batch(trainer, self.lightning_module)
         candidate = self.search(trainer, first_batch)
         # Lightning may have resolved the config already (``configure_model`` asks for it): resolve this one.
-        self.zero, self.config = trial_config(self._base(), candidate, self._candidate_values(trainer, candidate))
+        self.settings = trial_settings(self._base(), candidate, self._candidate_values(trainer, candidate))
         if candidate.micro_batch != samples_in(first_batch):
             if not lightning_hasattr(self.lightning_module, self.auto.batch_arg_name):
                 raise ZeroConfigError(
@@ -301,16 +308,17 @@ class ZeroAutoStrategy(ZeroStrategy):
 
         The copy is prepared, its optimizer built and its engine initialised by the functions the run uses
         (``prepare_blocks``, ``engine_optimizer``, ``initialize_engine``), from the config a run of ``candidate``
-        has (:func:`trial_config`).
+        has (:func:`trial_settings`).
         """
         rank_zero_info(f"zero_auto: timing {candidate.name} ...")  # a run ended mid-trial says which one
-        zero, config = trial_config(self._base(), candidate, self._candidate_values(trainer, candidate))
+        settings = trial_settings(self._base(), candidate, self._candidate_values(trainer, candidate))
+        zero = settings.zero
         # The whole process's peak counts: memory earlier trials left allocated will be there in the run too.
         self._reset_peak()
         trial = _copy_of(module, trainer).to(dtype=self._engine_dtype())
         prepare_blocks(trial, zero.activation_checkpointing, zero.compile_blocks)
         # Lightning steps the scheduler, never the engine (it takes it off the run's engine): none here.
-        optimizer, _ = engine_optimizer(trial, zero, config)
+        optimizer, _ = engine_optimizer(trial, zero)
         if candidate.approximate and not _is_deepspeed_cpu_adam(optimizer):
             _release(None, trial)
             return Measurement(candidate, False, reason="needs a plain torch Adam/AdamW from `configure_optimizers`")
@@ -318,7 +326,7 @@ class ZeroAutoStrategy(ZeroStrategy):
         engine = None
         ok, reason, seconds, steps = True, "", 0.0, 0
         try:
-            engine, _ = initialize_engine(trial, config, self._device_rank, optimizer)
+            engine, _ = initialize_engine(trial, settings.deepspeed_dict(), self._device_rank, optimizer)
             seconds, steps = self._timed_steps(engine, trial, samples, candidate.accumulation)
         except RuntimeError as error:
             if not is_out_of_memory(error):
@@ -489,24 +497,6 @@ def write_cache(path: Path, entries: Mapping[str, Any]) -> None:
     except OSError:
         Path(scratch.name).unlink(missing_ok=True)
         raise
-
-
-def trial_config(
-    base: AutoZeroConfig, candidate: Candidate, values: TrainerValues
-) -> tuple[AutoZeroConfig, dict[str, Any]]:
-    """Our config and the resolved DeepSpeed config that a trial of ``candidate``, and a run with it, use."""
-    zero, config = deepspeed_config_for(base, candidate)
-    return zero, resolve_auto(config, values)
-
-
-def _refuse_unsearched(config: AutoZeroConfig) -> None:
-    """The search sets the offload ratio and the approximate levers itself (the config refuses the levers unless
-    ``approximate``)."""
-    for lever in APPROXIMATE_LEVERS:
-        if getattr(config, lever):
-            raise ZeroConfigError(f"`zero_auto` chooses `{lever}` itself with `approximate: true`: remove `{lever}`.")
-    if config.offload_ratio != 1.0:
-        raise ZeroConfigError("`zero_auto` chooses the offload ratio itself: remove `offload_ratio`.")
 
 
 def use_expandable_segments(device: torch.device) -> None:

@@ -10,7 +10,6 @@ with the same hyper-parameters.
 from __future__ import annotations
 
 import functools
-from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -18,7 +17,7 @@ from lightning.pytorch.utilities import rank_zero_info
 from torch.optim import Optimizer
 
 from lightning_zero.runtime.ops import wait_for_op
-from lightning_zero.strategies.deepspeed_config import DeepSpeedZeroConfig, offloads_optimizer
+from lightning_zero.strategies.deepspeed_config import DeepSpeedZeroConfig
 
 # torch-only switches that have no meaning for DeepSpeed's CPU Adam.
 _TORCH_ONLY_GROUP_KEYS = (
@@ -82,15 +81,13 @@ def to_cpu_adam(
     return cpu_adam
 
 
-def for_deepspeed(
-    optimizer: Optimizer, scheduler: Any, zero: DeepSpeedZeroConfig, ds_config: Mapping[str, Any]
-) -> Optimizer:
-    """``optimizer`` as a DeepSpeed engine of ``ds_config`` should step it, ``scheduler`` (if any) rebound to it.
+def for_deepspeed(optimizer: Optimizer, scheduler: Any, zero: DeepSpeedZeroConfig) -> Optimizer:
+    """``optimizer`` as a DeepSpeed engine of ``zero`` should step it, ``scheduler`` (if any) rebound to it.
 
     Under optimizer offload with ``zero.cpu_adam_for_offload``, a plain torch Adam/AdamW becomes DeepSpeed's CPU
     Adam (bf16 moments, or ZenFlow's, as ``zero`` asks); anything else is returned as it is.
     """
-    if not (offloads_optimizer(ds_config) and zero.cpu_adam_for_offload and is_swappable(optimizer)):
+    if not (zero.offload_optimizer != "none" and zero.cpu_adam_for_offload and is_swappable(optimizer)):
         return optimizer
     swapped = to_cpu_adam(optimizer, zero.bf16_optimizer_states, zero.zenflow, zero.zenflow_overlap_step)
     if scheduler is not None:

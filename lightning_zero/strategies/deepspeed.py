@@ -9,6 +9,7 @@ values filled from the Trainer, no silent gradient clipping, CPU runs, and a pla
 from __future__ import annotations
 
 import argparse
+import copy
 import logging
 from collections.abc import Generator, Mapping
 from contextlib import contextmanager
@@ -34,17 +35,13 @@ from lightning_zero.models.blocks import prepare_blocks
 from lightning_zero.runtime.ops import wait_for_op
 from lightning_zero.runtime.watchdog import WatchedRanks
 from lightning_zero.strategies import cpu_adam
-from lightning_zero.strategies.deepspeed_config import (
-    DeepSpeedZeroConfig,
-    TrainerValues,
-    has_module_autos,
-    load_deepspeed_config,
-    resolve_auto,
-    resolve_module_autos,
-    to_deepspeed_config,
-    zero_config_of,
+from lightning_zero.strategies.deepspeed_config import DeepSpeedZeroConfig, TrainerValues
+from lightning_zero.strategies.deepspeed_settings import (
+    DeepSpeedSettings,
+    OptimizerValues,
+    ReadOnlyConfig,
+    config_change_error,
 )
-from lightning_zero.strategies.deepspeed_schema import check_deepspeed_config
 from lightning_zero.strategies.launch_checks import preflight_launcher
 
 if TYPE_CHECKING:
@@ -95,10 +92,8 @@ def release_engine(engine: deepspeed.DeepSpeedEngine, zero_stage_3: bool) -> Non
         hook.remove()
 
 
-def engine_optimizer(
-    module: LightningModule, zero: DeepSpeedZeroConfig, ds_config: Mapping[str, Any]
-) -> tuple[Optimizer, LRSchedulerConfig | None]:
-    """The optimizer and scheduler of ``module.configure_optimizers()`` as an engine of ``ds_config`` steps them.
+def engine_optimizer(module: LightningModule, zero: DeepSpeedZeroConfig) -> tuple[Optimizer, LRSchedulerConfig | None]:
+    """The optimizer and scheduler of ``module.configure_optimizers()`` as an engine of ``zero`` steps them.
 
     The run and each of ``zero_auto``'s trials build theirs here, so they cannot differ: under optimizer offload a
     plain torch Adam/AdamW becomes DeepSpeed's CPU Adam (:func:`~lightning_zero.strategies.cpu_adam.for_deepspeed`).
@@ -112,7 +107,7 @@ def engine_optimizer(
         )
     scheduler_config = schedulers[0] if schedulers else None
     scheduler = scheduler_config.scheduler if scheduler_config is not None else None
-    return cpu_adam.for_deepspeed(optimizers[0], scheduler, zero, ds_config), scheduler_config
+    return cpu_adam.for_deepspeed(optimizers[0], scheduler, zero), scheduler_config
 
 
 def zenflow_optimizer_section(ds_config: Mapping[str, Any], optimizer: Optimizer | None) -> dict[str, Any]:
@@ -164,7 +159,8 @@ def initialize_engine(
 
 
 class _DeepSpeedOnCpu(DeepSpeedStrategy):
-    """Lightning's ``DeepSpeedStrategy``, which refuses anything but CUDA at set-up; DeepSpeed itself runs on CPU."""
+    """Lightning's ``DeepSpeedStrategy`` on CPU as well: it refuses anything but CUDA at set-up and gives DeepSpeed a
+    device index that is ``None`` on CPU; DeepSpeed itself runs there."""
 
     _replaced_accelerator: Any = None
 
@@ -193,6 +189,28 @@ class _DeepSpeedOnCpu(DeepSpeedStrategy):
         self.set_world_ranks()
         wait_for_op("ShareMemCommBuilder")  # DeepSpeed loads it on CPU at init, through torch's build lock
         self._init_deepspeed_distributed()
+
+    @property
+    def _device_rank(self) -> int:
+        index = self.root_device.index
+        return self.local_rank if index is None else index
+
+    def _setup_model_and_optimizer(
+        self, model: Module, optimizer: Optimizer | None, lr_scheduler: Any = None
+    ) -> tuple[deepspeed.DeepSpeedEngine, Optimizer]:
+        # Lightning's passes `device_rank=root_device.index`, None on CPU, where DeepSpeed fails comparing it.
+        assert self.config is not None
+        return initialize_engine(model, copy.deepcopy(self.config), self._device_rank, optimizer, lr_scheduler)
+
+    def _deepspeed_initialize(
+        self,
+        model: Module,
+        config: Any,
+        parameters: list[Any],
+        optimizer: Optimizer | None = None,
+        lr_scheduler: Any = None,
+    ) -> tuple[deepspeed.DeepSpeedEngine, Optimizer]:
+        return initialize_engine(model, config, self._device_rank, optimizer, lr_scheduler, parameters)
 
 
 class DeepSpeedZeroStrategy(WatchedRanks, SafeCheckpoints, _DeepSpeedOnCpu):
@@ -233,17 +251,16 @@ class DeepSpeedZeroStrategy(WatchedRanks, SafeCheckpoints, _DeepSpeedOnCpu):
     ) -> None:
         if zero is not None and deepspeed_config is not None:
             raise ZeroConfigError("Pass either `zero` or `deepspeed_config` to ZeroStrategy, not both.")
-        if deepspeed_config is None:
-            self.zero = DeepSpeedZeroConfig.coerce(zero)
-            ds_config = to_deepspeed_config(self.zero)
-        else:
-            ds_config = load_deepspeed_config(deepspeed_config)
-            check_deepspeed_config(ds_config, deepspeed_config)
-            self.zero = zero_config_of(ds_config)
+        #: The run's typed and DeepSpeed configs, in one frozen value; resolved further as the run is set up.
+        self.settings = (
+            DeepSpeedSettings.from_zero(DeepSpeedZeroConfig.coerce(zero))
+            if deepspeed_config is None
+            else DeepSpeedSettings.from_deepspeed(deepspeed_config)
+        )
         remote_device = self.zero.offload_parameters if self.zero.offload_parameters != "none" else None
         super().__init__(
             accelerator=accelerator,
-            config=ds_config,
+            config=self.settings.deepspeed_dict(),
             parallel_devices=parallel_devices,
             cluster_environment=cluster_environment,
             precision_plugin=precision_plugin,
@@ -254,6 +271,22 @@ class DeepSpeedZeroStrategy(WatchedRanks, SafeCheckpoints, _DeepSpeedOnCpu):
             remote_device=remote_device,
         )
         self._transformers_zero3: Any = None
+
+    @property
+    def zero(self) -> DeepSpeedZeroConfig:
+        """The typed config the run has (from :attr:`settings`)."""
+        return self.settings.zero
+
+    @property
+    def config(self) -> ReadOnlyConfig:
+        """The DeepSpeed config the run has (from :attr:`settings`), to read: a change is an error."""
+        return self.settings.read_only()
+
+    @config.setter
+    def config(self, value: Any) -> None:
+        # Lightning's `__init__` stores the config it was given, which is the settings' own: nothing else may.
+        if value != self.settings.deepspeed_dict():
+            raise config_change_error()
 
     def _configure_launcher(self) -> None:
         super()._configure_launcher()
@@ -276,7 +309,7 @@ class DeepSpeedZeroStrategy(WatchedRanks, SafeCheckpoints, _DeepSpeedOnCpu):
         if self.zero_stage_3 and self._transformers_zero3 is None:
             from transformers.integrations import HfDeepSpeedConfig
 
-            self._transformers_zero3 = HfDeepSpeedConfig(self.config)
+            self._transformers_zero3 = HfDeepSpeedConfig(self.settings.deepspeed_dict())
         with super().model_sharded_context():
             yield
 
@@ -295,60 +328,37 @@ class DeepSpeedZeroStrategy(WatchedRanks, SafeCheckpoints, _DeepSpeedOnCpu):
         lift_memory_budget(self)
         super().teardown()
 
-    @property
-    def _device_rank(self) -> int:
-        index = self.root_device.index
-        return self.local_rank if index is None else index
-
-    def _setup_model_and_optimizer(
-        self, model: Module, optimizer: Optimizer | None, lr_scheduler: Any = None
-    ) -> tuple[deepspeed.DeepSpeedEngine, Optimizer]:
-        assert isinstance(self.config, dict)
-        return initialize_engine(model, self.config, self._device_rank, optimizer, lr_scheduler)
-
     def _initialize_deepspeed_inference(self, model: Module) -> None:
         # Lightning's version passes `device_rank=root_device.index` (None on CPU: DeepSpeed fails comparing it)
         # and reads `zero_allow_untested_optimizer` from the config (absent from many config files).
-        assert isinstance(self.config, dict)
+        config = self.settings.deepspeed_dict()
         inference_config: dict[str, Any] = {"train_micro_batch_size_per_gpu": 1}
         for block in ("fp16", "bf16"):
-            if block in self.config:
-                inference_config[block] = self.config[block]
+            if block in config:
+                inference_config[block] = config[block]
         if self.zero_stage_3:
             inference_config["zero_allow_untested_optimizer"] = True
-            inference_config["zero_optimization"] = self.config["zero_optimization"]
+            inference_config["zero_optimization"] = config["zero_optimization"]
         remove_module_hooks(model)
         self.model, _ = self._deepspeed_initialize(model, inference_config, [])
 
-    def _deepspeed_initialize(
-        self,
-        model: Module,
-        config: Any,
-        parameters: list[Any],
-        optimizer: Optimizer | None = None,
-        lr_scheduler: Any = None,
-    ) -> tuple[deepspeed.DeepSpeedEngine, Optimizer]:
-        return initialize_engine(model, config, self._device_rank, optimizer, lr_scheduler, parameters)
-
     def _init_optimizers(self) -> tuple[Optimizer, LRSchedulerConfig | None]:
-        assert self.lightning_module is not None and isinstance(self.config, dict)
-        return engine_optimizer(self.lightning_module, self.zero, self.config)
+        assert self.lightning_module is not None
+        return engine_optimizer(self.lightning_module, self.zero)
 
     def _format_config(self) -> None:
         # Runs before `configure_model` (ZeRO-3 needs the config to build the model): only Trainer values here.
-        assert isinstance(self.config, dict)
-        self.config = resolve_auto(self.config, self._trainer_values())
+        self.settings = self.settings.with_trainer(self._trainer_values())
 
     def init_deepspeed(self) -> None:
         # The model exists now: `"auto"` optimizer and scheduler values come from the module's optimizer. With an
         # `optimizer` section DeepSpeed builds its own and Lightning never calls `_init_optimizers`: reading the
         # module's settings is this one call of `configure_optimizers`.
-        assert isinstance(self.config, dict)
         module = self.lightning_module
-        if has_module_autos(self.config) and module is not None and module.trainer.training:
+        if self.settings.needs_optimizer and module is not None and module.trainer.training:
             optimizer, _ = DeepSpeedStrategy._init_optimizers(self)
-            total_steps = int(module.trainer.estimated_stepping_batches)
-            self.config = resolve_module_autos(self.config, optimizer.defaults, total_steps)
+            values = OptimizerValues(optimizer.defaults, int(module.trainer.estimated_stepping_batches))
+            self.settings = self.settings.with_optimizer(values)
         super().init_deepspeed()
 
     def _trainer_values(self) -> TrainerValues:

@@ -250,12 +250,6 @@ def zero_stage(ds_config: Mapping[str, Any]) -> int:
     return int(ds_config.get("zero_optimization", {}).get("stage", 0))
 
 
-def offloads_optimizer(ds_config: Mapping[str, Any]) -> bool:
-    """Whether a DeepSpeed config moves the optimizer step off the accelerator."""
-    offload = ds_config.get("zero_optimization", {}).get("offload_optimizer") or {}
-    return offload.get("device", "none") not in ("none", None)
-
-
 _FP16_FIELDS = ("loss_scale", "initial_scale_power", "loss_scale_window", "hysteresis", "min_loss_scale")
 
 

@@ -11,38 +11,39 @@ from lightning.pytorch.utilities import GradClipAlgorithmType
 
 from lightning_zero.errors import ZeroConfigError
 from lightning_zero.internals import SubprocessScriptLauncher
-from lightning_zero.strategies.deepspeed_config import AUTO, TrainerValues, resolve_auto
+from lightning_zero.strategies.deepspeed_config import AUTO, TrainerValues
+from lightning_zero.strategies.deepspeed_settings import DeepSpeedSettings
 
 _FP16 = {"16", "16-mixed", "16-true", "fp16"}
 
 
-def check_deepspeed_trainer(config: dict[str, Any] | None, trainer: Any) -> None:
+def check_deepspeed_trainer(settings: DeepSpeedSettings | None, trainer: Any) -> None:
     """What Lightning's DeepSpeed strategy, and ours, would refuse in every rank once started: clipping by value,
-    and (given lightning-zero's DeepSpeed ``config``) a config that contradicts the Trainer (accumulation, clipping,
-    precision) or leaves an ``"auto"`` that nothing fills."""
+    and (given lightning-zero's DeepSpeed ``settings``) a config that contradicts the Trainer (accumulation,
+    clipping, precision) or leaves an ``"auto"`` that nothing fills."""
     if trainer.gradient_clip_algorithm == GradClipAlgorithmType.VALUE:
         raise ZeroConfigError(
             "DeepSpeed clips gradients only by norm, but `trainer.gradient_clip_algorithm` is 'value': set it to "
             "'norm' (`--trainer.gradient_clip_algorithm norm`), or use a strategy other than DeepSpeed."
         )
-    if config is not None:
+    if settings is not None:
         # The batch size comes from the dataloader, built only in the ranks: an explicit one is taken as given.
-        micro_batch = config.get("train_micro_batch_size_per_gpu", AUTO)
+        micro_batch = settings.given.get("train_micro_batch_size_per_gpu", AUTO)
         values = TrainerValues(
             micro_batch_size=micro_batch if isinstance(micro_batch, int) else 1,
             accumulate_grad_batches=trainer.accumulate_grad_batches,
             gradient_clip_val=trainer.gradient_clip_val,
             precision=str(trainer.precision),
         )
-        resolve_auto(config, values)
+        settings.with_trainer(values)
 
 
 def check_zero_trainer(trainer: Any) -> None:
     """The checks of a Trainer whose strategy is lightning-zero's DeepSpeed one: fp16 on CPU, then
-    :func:`check_deepspeed_trainer` with its config."""
+    :func:`check_deepspeed_trainer` with its settings."""
     if isinstance(trainer.accelerator, CPUAccelerator):
         check_cpu_precision(trainer.precision)
-    check_deepspeed_trainer(trainer.strategy.config, trainer)
+    check_deepspeed_trainer(trainer.strategy.settings, trainer)
 
 
 class PreflightLauncher(SubprocessScriptLauncher):

@@ -26,25 +26,12 @@ import lightning as L
 
 from benchmarks.bench.main import for_lightning
 from lightning_zero.strategies.deepspeed import DeepSpeedZeroStrategy, _DeepSpeedOnCpu
-from lightning_zero.strategies.deepspeed_config import (
-    DeepSpeedZeroConfig,
-    TrainerValues,
-    resolve_auto,
-    to_deepspeed_config,
-)
+from lightning_zero.strategies.deepspeed_config import DeepSpeedZeroConfig, TrainerValues
+from lightning_zero.strategies.deepspeed_settings import DeepSpeedSettings
 from tests.helpers.tiny import TinyLM
 from tests.helpers.trainer import end_process_group, quiet_trainer
 
 PROFILED = range(3, 7)
-
-
-class LightningDeepSpeed(_DeepSpeedOnCpu):
-    """Lightning's ``DeepSpeedStrategy``; only its set-up is ours, which passes a device rank that DeepSpeed accepts
-    on CPU (set-up runs once, not on the step path)."""
-
-    _device_rank = DeepSpeedZeroStrategy._device_rank
-    _setup_model_and_optimizer = DeepSpeedZeroStrategy._setup_model_and_optimizer
-    _deepspeed_initialize = DeepSpeedZeroStrategy._deepspeed_initialize
 
 
 class StepProfile(L.Callback):
@@ -92,8 +79,9 @@ def calls_per_step(ours: bool, fields: dict[str, Any]) -> float:
     if ours:
         strategy: Any = DeepSpeedZeroStrategy(zero=zero)
     else:
-        config = resolve_auto(to_deepspeed_config(zero), TrainerValues(micro_batch_size=4, precision="32-true"))
-        strategy = LightningDeepSpeed(config=for_lightning(config))
+        values = TrainerValues(micro_batch_size=4, precision="32-true")
+        settings = DeepSpeedSettings.from_zero(zero).with_trainer(values)
+        strategy = _DeepSpeedOnCpu(config=for_lightning(settings.deepspeed_dict()))
         if zero.activation_checkpointing:
             module.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     profile = StepProfile()
