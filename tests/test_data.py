@@ -14,6 +14,7 @@ from lightning.pytorch.utilities.data import _update_dataloader
 from torch.utils.data import BatchSampler, Dataset, RandomSampler
 from torch.utils.data.distributed import DistributedSampler
 
+from lightning_zero.data import text_files
 from lightning_zero.data.batching import (
     LengthBucketBatchSampler,
     TextExamples,
@@ -219,6 +220,25 @@ def test_files_datamodule_reads_csv_with_named_labels(tmp_path: Path) -> None:
     assert len(module.datasets["train"]) == 15 and len(module.datasets["validation"]) == 5
     batch = next(iter(module.train_dataloader()))
     assert batch["input_ids"].shape[0] == 4 and set(batch["labels"].tolist()) <= {0, 1}
+
+
+def test_files_checked_before_launch_are_not_read_again_at_setup(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    train = _write_csv(tmp_path / "train.csv", ROWS)
+    reads: list[str] = []
+    read_records = text_files.read_records
+
+    def counted(path: str, encoding: str) -> list[dict[str, Any]]:
+        reads.append(path)
+        return read_records(path, encoding)
+
+    monkeypatch.setattr(text_files, "read_records", counted)
+    module = TextClassificationFilesDataModule(str(train), text_column="sentence", val_fraction=0.25)
+    module.check_files()  # the CLI, in the launching process (rank 0's)
+    module.setup()
+    assert reads == [str(train)] and len(module.datasets["train"]) == 15
+    assert module.examples_read is None, "the raw texts are let go once tokenised"
 
 
 def test_files_datamodule_reads_json_pairs_with_a_validation_file(tmp_path: Path) -> None:

@@ -273,6 +273,7 @@ class TextClassificationDataModule(LightningDataModule):
         self.datasets: dict[str, TokenizedDataset] = {}
         self.label_names: list[str] | None = None
         self.collator: DataCollatorWithPadding | None = None
+        self.examples_read: dict[str, TextExamples] | None = None  # read before launch, for `setup` to take
 
     def load_examples(self) -> dict[str, TextExamples]:
         """The raw ``"train"`` and ``"validation"`` examples (labels already integers)."""
@@ -295,7 +296,8 @@ class TextClassificationDataModule(LightningDataModule):
         if tokenizer.pad_token_id is None:
             raise ZeroConfigError(f"Tokenizer {self.tokenizer_name!r} has no pad token: use one that has.")
         self.collator = DataCollatorWithPadding(tokenizer, return_tensors="pt")  # right-pads to the batch's longest
-        for split, examples in self.load_examples().items():
+        read, self.examples_read = self.examples_read or self.load_examples(), None
+        for split, examples in read.items():
             limited = limit_examples(examples, self.limits[split])
             self.datasets[split] = tokenize_examples(tokenizer, limited, self.max_length)
 
@@ -368,8 +370,8 @@ class TextClassificationFilesDataModule(TextClassificationDataModule):
 
     def check_files(self) -> None:
         """Read the files now: the CLI calls this in the launching process, so that bad data ends the run with one
-        error line before any rank starts."""
-        self.load_examples()
+        error line before any rank starts; ``setup`` then tokenises what was read here, without reading again."""
+        self.examples_read = self.load_examples()
 
     def _read(self, path: str) -> tuple[list[str], list[str] | None, list[Any]]:
         records = read_records(path, self.encoding)
