@@ -37,6 +37,8 @@ def test_settings_are_frozen_and_hand_out_copies() -> None:
     assert settings.deepspeed_dict()["zero_optimization"]["stage"] == 3 and settings.zero.stage == 3
     with pytest.raises(dataclasses.FrozenInstanceError):
         settings.zero = DeepSpeedZeroConfig()  # type: ignore[misc]
+    with pytest.raises(ZeroConfigError, match="cannot be changed once built"):
+        settings.given["zero_optimization"]["stage"] = 1
 
 
 @pytest.mark.parametrize("preset", DEEPSPEED_PRESETS, ids=lambda p: p.name)

@@ -120,7 +120,7 @@ class DeepSpeedSettings:
     _resolved: dict[str, Any] = dataclasses.field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "given", copy.deepcopy(dict(self.given)))  # nobody else holds a reference to it
+        object.__setattr__(self, "given", ReadOnlyConfig(copy.deepcopy(dict(self.given))))  # its own, unchangeable
         object.__setattr__(self, "_resolved", resolve(self.given, self.trainer, self.optimizer))
 
     @classmethod
