@@ -110,6 +110,14 @@ def test_a_change_to_the_strategys_config_is_a_one_line_error_not_ignored(change
     assert strategy.settings is before
 
 
+def test_setting_a_value_the_config_already_has_is_no_change() -> None:
+    strategy = ZeroStrategy(zero=DeepSpeedZeroConfig(stage=2))
+    strategy.config["zero_force_ds_cpu_optimizer"] = False  # as Lightning's own tests do; it is already False
+    strategy.config["zero_optimization"].update(stage=2)
+    strategy.config.setdefault("zero_allow_untested_optimizer", True)
+    assert strategy.config == strategy.settings.deepspeed_dict()
+
+
 def test_copies_of_the_strategys_config_are_plain_dicts_to_change() -> None:
     config = ZeroStrategy(zero=DeepSpeedZeroConfig(stage=3)).config
     for copied in (copy.copy(config), copy.deepcopy(config), pickle.loads(pickle.dumps(config))):

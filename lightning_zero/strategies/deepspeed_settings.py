@@ -31,8 +31,8 @@ from lightning_zero.strategies.deepspeed_schema import check_deepspeed_config
 
 class ReadOnlyConfig(dict[str, Any]):
     """A DeepSpeed config to read, nested sections included: a change is a one-line error naming the fix, since the
-    run would never see it. A ``dict`` because Lightning's DeepSpeed code checks that its config is one; copies
-    (``copy``, ``deepcopy``, pickling) are plain dicts."""
+    run would never see it (setting a value it already has is no change). A ``dict`` because Lightning's DeepSpeed
+    code checks that its config is one; copies (``copy``, ``deepcopy``, pickling) are plain dicts."""
 
     def __init__(self, config: Mapping[str, Any]) -> None:
         super().__init__({key: _read_only(value) for key, value in config.items()})
@@ -40,7 +40,19 @@ class ReadOnlyConfig(dict[str, Any]):
     def _refuse(self, *args: Any, **kwargs: Any) -> NoReturn:
         raise config_change_error()
 
-    __setitem__ = __delitem__ = update = pop = popitem = clear = __ior__ = _refuse
+    __delitem__ = pop = popitem = clear = _refuse
+
+    def __setitem__(self, key: str, value: Any) -> None:
+        if key not in self or self[key] != value:
+            self._refuse()
+
+    def update(self, *args: Any, **kwargs: Any) -> None:
+        for key, value in dict(*args, **kwargs).items():
+            self[key] = value
+
+    def __ior__(self, other: Any) -> ReadOnlyConfig:  # type: ignore[override,misc]
+        self.update(other)
+        return self
 
     def setdefault(self, key: str, default: Any = None) -> Any:
         return self[key] if key in self else self._refuse()
