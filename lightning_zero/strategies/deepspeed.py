@@ -285,7 +285,7 @@ class DeepSpeedZeroStrategy(WatchedRanks, SafeCheckpoints, _DeepSpeedOnCpu):
     @config.setter
     def config(self, value: Any) -> None:
         # Lightning's `__init__` stores the config it was given, which is the settings' own: nothing else may.
-        if value != self.settings.deepspeed_dict():
+        if value != self.settings.read_only():
             raise config_change_error()
 
     def _configure_launcher(self) -> None:

@@ -129,11 +129,11 @@ class DeepSpeedSettings:
     given: Mapping[str, Any]
     trainer: TrainerValues | None = None
     optimizer: OptimizerValues | None = None
-    _resolved: dict[str, Any] = dataclasses.field(init=False, repr=False, compare=False)
+    _resolved: ReadOnlyConfig = dataclasses.field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "given", ReadOnlyConfig(copy.deepcopy(dict(self.given))))  # its own, unchangeable
-        object.__setattr__(self, "_resolved", resolve(self.given, self.trainer, self.optimizer))
+        object.__setattr__(self, "_resolved", ReadOnlyConfig(resolve(self.given, self.trainer, self.optimizer)))
 
     @classmethod
     def from_zero(cls, zero: DeepSpeedZeroConfig) -> DeepSpeedSettings:
@@ -166,8 +166,8 @@ class DeepSpeedSettings:
 
     def deepspeed_dict(self) -> dict[str, Any]:
         """The DeepSpeed config, as a new dict that the caller (DeepSpeed) may change freely."""
-        return copy.deepcopy(self._resolved)
+        return self._resolved.thawed()
 
     def read_only(self) -> ReadOnlyConfig:
-        """The DeepSpeed config, to read (:class:`ReadOnlyConfig`)."""
-        return ReadOnlyConfig(self._resolved)
+        """The DeepSpeed config, to read (:class:`ReadOnlyConfig`): the same object on every call."""
+        return self._resolved
