@@ -6,11 +6,15 @@ launching process, whose observer of the other ranks dies with it, so only our w
 otherwise waits in its next collective for ever (DeepSpeed's CPU collectives spin in shared memory) or for the
 30-minute gloo timeout: without the watchdog each case fails at the hard timeout. When another rank fails,
 Lightning's observer in rank 0 ends the run by itself, so those cases would not test our code.
+
+A run that finished ends its process groups at exit, before Python finalises (where a gloo worker thread that
+still frees a collective's buffers aborts the process); a failed one leaves them.
 """
 
 from __future__ import annotations
 
 import io
+import json
 import os
 import signal
 import subprocess
@@ -22,10 +26,12 @@ from typing import Any
 import pytest
 
 from lightning_zero.errors import ZeroConfigError
-from lightning_zero.runtime.watchdog import RankWatchdog, is_alive, local_peers, report_failed_peer
+from lightning_zero.runtime import watchdog as watchdog_module
+from lightning_zero.runtime.watchdog import RankWatchdog, WatchedRanks, is_alive, local_peers, report_failed_peer
 from tests.helpers.launch import REPO
 
 SCRIPT = REPO / "tests" / "helpers" / "orphan_run.py"
+EXIT_SCRIPT = REPO / "tests" / "helpers" / "exit_run.py"
 STRATEGIES = ["zero2", "zero2_fairscale", "zero3_fsdp"]
 
 
@@ -134,3 +140,62 @@ def test_a_rank_failing_on_bad_input_names_no_peer() -> None:
     assert stream.getvalue() == ""
     report_failed_peer(watchdog, RuntimeError("Connection closed by peer"))
     assert stream.getvalue().startswith(f"error: rank 1 (pid {gone.pid}) ended before the run finished")
+
+
+class _StrategyStub:
+    def setup_environment(self) -> None:
+        pass
+
+    def teardown(self) -> None:
+        pass
+
+    def on_exception(self, exception: BaseException) -> None:
+        pass
+
+
+class _Watched(WatchedRanks, _StrategyStub):
+    """The mixin before a strategy that does nothing, in one process (so no watchdog starts)."""
+
+
+class _ExitHooks:
+    """Stands in for ``atexit``: the hooks registered, in order."""
+
+    def __init__(self) -> None:
+        self.hooks: list[Any] = []
+
+    def register(self, hook: Any) -> None:
+        self.hooks.append(hook)
+
+    def unregister(self, hook: Any) -> None:
+        self.hooks = [each for each in self.hooks if each != hook]
+
+
+def test_a_finished_run_ends_its_process_groups_once_at_exit(monkeypatch: pytest.MonkeyPatch) -> None:
+    exit_hooks = _ExitHooks()
+    monkeypatch.setattr(watchdog_module, "atexit", exit_hooks)
+    strategy = _Watched()  # type: ignore[abstract]
+    for _ in range(2):  # two runs in one process: one hook
+        strategy.setup_environment()
+        strategy.teardown()
+    assert exit_hooks.hooks == [WatchedRanks.end_process_groups]
+
+
+def test_a_failed_run_leaves_its_process_groups_alone(monkeypatch: pytest.MonkeyPatch) -> None:
+    exit_hooks = _ExitHooks()
+    monkeypatch.setattr(watchdog_module, "atexit", exit_hooks)
+    strategy = _Watched()  # type: ignore[abstract]
+    strategy.setup_environment()
+    strategy.teardown()  # a first run finished
+    strategy.setup_environment()
+    strategy.on_exception(RuntimeError("a collective failed"))
+    strategy.teardown()
+    assert exit_hooks.hooks == []  # its peers may never join a collective that ending the groups would wait for
+
+
+def test_a_finished_deepspeed_run_has_ended_its_process_groups_before_python_finalises(tmp_path: Path) -> None:
+    command = [sys.executable, str(EXIT_SCRIPT), str(tmp_path)]
+    result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    for rank in (0, 1):
+        left = json.loads((tmp_path / f"exit-rank{rank}.json").read_text())
+        assert left == {"torch_group_up": False, "deepspeed_group_held": False}

@@ -11,6 +11,7 @@ the backend's own connection errors and timeouts.
 
 from __future__ import annotations
 
+import atexit
 import os
 import socket
 import sys
@@ -156,22 +157,64 @@ else:
     _Strategy = object
 
 
+#: How long, at exit, gloo's worker threads get to free what their last collectives held (see `WatchedRanks`).
+GLOO_WORKERS_SETTLE_S = 0.1
+
+
+def end_process_groups() -> None:
+    """Destroy torch's process groups, if any are up, then let gloo's worker threads settle."""
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+    let_gloo_workers_settle()
+
+
+def let_gloo_workers_settle() -> None:
+    """Release the interpreter lock for :data:`GLOO_WORKERS_SETTLE_S`, so that a gloo worker thread still freeing
+    the buffers of a collective that just finished (which takes the lock) does so before Python finalises.
+
+    A timed wait, not an event: torch offers no way to wait for those threads while a group's object lives, and
+    a run's modules, optimizers and hooks keep their groups alive until the interpreter's shutdown.
+    """
+    time.sleep(GLOO_WORKERS_SETTLE_S)
+
+
 class WatchedRanks(_Strategy):
     """Mixin placed before a Lightning strategy class: a :class:`RankWatchdog` from the end of
-    ``setup_environment`` (the process group exists then) to ``teardown``, and the failed peer named in
-    ``on_exception``."""
+    ``setup_environment`` (the process group exists then) to ``teardown``, the failed peer named in
+    ``on_exception``, and the process groups of a run that finished destroyed when Python exits.
+
+    A gloo worker thread frees the tensors of the collective it ran after the caller has them back, and takes the
+    interpreter lock to do so; once Python finalises, a thread that takes it is ended, and ending a C++ thread
+    aborts the process ("terminate called without an active exception", exit -6) after a run that succeeded,
+    for example right after a ZeRO-3 ``full_state_dict()``. So at exit, after a run that finished, the groups are
+    destroyed (a group nothing else holds is freed then, its threads joined) and the worker threads get a moment
+    to settle (:func:`let_gloo_workers_settle`). A failed run's groups are left as they are.
+    """
 
     _rank_watchdog: RankWatchdog | None = None
+    _run_failed = False
+
+    @staticmethod
+    def end_process_groups() -> None:
+        """What ends this strategy's process groups at exit (a backend keeping references of its own ends those
+        too)."""
+        end_process_groups()
 
     def setup_environment(self) -> None:
         super().setup_environment()
+        self._run_failed = False
         self._rank_watchdog = start_rank_watchdog()
 
     def teardown(self) -> None:
         if self._rank_watchdog is not None:
             self._rank_watchdog.stop()
         super().teardown()
+        if not self._run_failed:
+            atexit.unregister(self.end_process_groups)  # once, however many runs the process makes
+            atexit.register(self.end_process_groups)
 
     def on_exception(self, exception: BaseException) -> None:
+        self._run_failed = True
+        atexit.unregister(self.end_process_groups)
         report_failed_peer(self._rank_watchdog, exception)
         super().on_exception(exception)

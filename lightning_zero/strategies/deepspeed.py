@@ -33,7 +33,7 @@ from lightning_zero.internals import init_optimizers_and_schedulers
 from lightning_zero.memory.budget import apply_memory_budget, lift_memory_budget
 from lightning_zero.models.blocks import prepare_blocks
 from lightning_zero.runtime.ops import wait_for_op
-from lightning_zero.runtime.watchdog import WatchedRanks
+from lightning_zero.runtime.watchdog import WatchedRanks, end_process_groups
 from lightning_zero.strategies import cpu_adam
 from lightning_zero.strategies.deepspeed_config import DeepSpeedZeroConfig, TrainerValues
 from lightning_zero.strategies.deepspeed_settings import (
@@ -287,6 +287,16 @@ class DeepSpeedZeroStrategy(WatchedRanks, SafeCheckpoints, _DeepSpeedOnCpu):
         # Lightning's `__init__` stores the config it was given, which is the settings' own: nothing else may.
         if value != self.settings.read_only():
             raise config_change_error()
+
+    @staticmethod
+    def end_process_groups() -> None:
+        """DeepSpeed's destroy first, which also drops the references DeepSpeed keeps to the groups (its copy of
+        the world group among them), then what every strategy does."""
+        import deepspeed.comm
+
+        if deepspeed.comm.is_initialized():
+            deepspeed.comm.destroy_process_group()
+        end_process_groups()
 
     def _configure_launcher(self) -> None:
         super()._configure_launcher()

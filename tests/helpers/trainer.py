@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 import lightning as L
-import torch
+
+from lightning_zero.runtime.watchdog import end_process_groups
+from lightning_zero.strategies.deepspeed import DeepSpeedZeroStrategy
 
 QUIET_CPU: dict[str, Any] = {
     "accelerator": "cpu",
@@ -23,7 +26,9 @@ def quiet_trainer(**options: Any) -> L.Trainer:
 
 
 def end_process_group() -> None:
-    """Shut the process group down before Python exits: once, with every result written, both ranks of a run
-    aborted at interpreter exit with it still up ("terminate called without an active exception", exit -6)."""
-    if torch.distributed.is_initialized():
-        torch.distributed.destroy_process_group()
+    """End the process groups as our strategies do at exit (:class:`~lightning_zero.runtime.watchdog.WatchedRanks`),
+    for runs of Lightning's own strategies too, once every result is written."""
+    if "deepspeed.comm" in sys.modules:
+        DeepSpeedZeroStrategy.end_process_groups()
+    else:
+        end_process_groups()
