@@ -29,7 +29,7 @@ from lightning_zero.errors import ZeroConfigError
 from lightning_zero.memory.budget import GIB
 from lightning_zero.memory.probe import ActivationProbe, probe_activations
 from lightning_zero.memory.states import ParameterShapes
-from lightning_zero.runtime.batches import training_loss
+from lightning_zero.runtime.batches import samples_in, training_loss
 
 
 @dataclass(frozen=True)
@@ -82,7 +82,7 @@ def plan_for_config(
     module.configure_model()
     module.to(device)
     batch = _first_batch(module, cli.datamodule)
-    micro_batch = len(next(iter(batch.values())) if isinstance(batch, dict) else batch[0])
+    micro_batch = samples_in(batch)
     probe = probe_activations(module, training_loss(module), move_data_to_device(batch, device), precision, device)
     budget = _budget_from(trainer, budget_gib, device)
     devices = devices or _count(trainer.get("devices", 1))

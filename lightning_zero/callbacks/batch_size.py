@@ -137,7 +137,7 @@ class ZeroBatchSizeFinder(Callback):
         try:
             with logging_silenced(pl_module):
                 output = strategy.training_step(samples, 0)
-            loss = output["loss"] if isinstance(output, dict) else output
+            loss = output["loss"] if isinstance(output, Mapping) else output
             ok = True
         except RuntimeError as error:
             ok = _out_of_memory_or_raise(error)

@@ -19,11 +19,12 @@ LossFn = Callable[[Any], torch.Tensor]
 
 
 def take_samples(batch: Any, count: int) -> Any:
-    """The first ``count`` samples of a batch (tensors, or dicts/lists/tuples of them), repeated if it is shorter."""
+    """The first ``count`` samples of a batch (tensors, or mappings/lists/tuples of them, a ``BatchEncoding`` too),
+    repeated if it is shorter; a mapping comes back as a ``dict``."""
     if isinstance(batch, torch.Tensor):
         repeats = -(-count // batch.shape[0])
         return batch.repeat(repeats, *([1] * (batch.dim() - 1)))[:count].clone() if batch.dim() else batch
-    if isinstance(batch, dict):
+    if isinstance(batch, Mapping):
         return {key: take_samples(value, count) for key, value in batch.items()}
     if isinstance(batch, (list, tuple)):
         return type(batch)(take_samples(value, count) for value in batch)
