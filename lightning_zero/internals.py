@@ -8,7 +8,8 @@ source of every entry, so an upgrade that changes one fails CI instead of a user
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +25,7 @@ from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
 
 __all__ = [
     "RELIED_ON",
+    "abstract_tensors",
     "CheckpointImpl",
     "SubprocessScriptLauncher",
     "apply_activation_checkpointing",
@@ -48,6 +50,10 @@ RELIED_ON: dict[str, str] = {
     ),
     "torch.cuda.memory._set_allocator_settings": (
         "expandable segments switched on at run time for zero_auto (kept internal on purpose: pytorch/pytorch#156175)"
+    ),
+    "torch._subclasses.fake_tensor.FakeTensorMode": (
+        "`plan` builds and runs the model with tensors that have shapes and storages but no memory or values, so a "
+        "3B or 8B model plans in seconds on a laptop (torch's own tracing mode; public only through torch.export)"
     ),
     "torch.nn.Module._apply": (
         "tasks keep metric states in their dtype under Module.to(dtype) (TaskModule._apply; Lightning's own "
@@ -123,6 +129,17 @@ def set_cuda_allocator_settings(settings: str) -> None:
     import torch.cuda.memory
 
     torch.cuda.memory._set_allocator_settings(settings)
+
+
+@contextlib.contextmanager
+def abstract_tensors() -> Iterator[None]:
+    """Inside, new tensors (a model built, its forward run) have shapes, dtypes and storages but no memory and no
+    values; real tensors passed in become such tensors. An operation whose output shape depends on values raises a
+    ``RuntimeError``."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        yield
 
 
 materialize_meta_module: Callable[[nn.Module, Any], None] = _materialize_distributed_module
