@@ -25,9 +25,9 @@ from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
 
 __all__ = [
     "RELIED_ON",
-    "abstract_tensors",
     "CheckpointImpl",
     "SubprocessScriptLauncher",
+    "abstract_tensors",
     "apply_activation_checkpointing",
     "checkpoint_wrapper",
     "extension_build_directory",

@@ -12,6 +12,8 @@ import lightning as L
 import pytest
 import torch
 
+from lightning_zero.auto.allocator import use_expandable_segments
+from lightning_zero.auto.cache import read_cache, write_cache
 from lightning_zero.auto.plan import PlanRow
 from lightning_zero.auto.search import (
     BF16_STATES,
@@ -28,8 +30,6 @@ from lightning_zero.auto.search import (
     retries,
     smaller,
 )
-from lightning_zero.auto.allocator import use_expandable_segments
-from lightning_zero.auto.cache import read_cache, write_cache
 from lightning_zero.auto.strategy import AutoZeroConfig, ZeroAutoStrategy, candidate_zero, trial_settings
 from lightning_zero.errors import ZeroConfigError
 from lightning_zero.memory.states import Layout, ModelStates, ParameterShapes
