@@ -30,6 +30,7 @@ __all__ = [
     "abstract_tensors",
     "apply_activation_checkpointing",
     "checkpoint_wrapper",
+    "empty_pinned_host_cache",
     "extension_build_directory",
     "init_optimizers_and_schedulers",
     "materialize_meta_module",
@@ -54,6 +55,10 @@ RELIED_ON: dict[str, str] = {
     "torch._subclasses.fake_tensor.FakeTensorMode": (
         "`plan` builds and runs the model with tensors that have shapes and storages but no memory or values, so a "
         "3B or 8B model plans in seconds on a laptop (torch's own tracing mode; public only through torch.export)"
+    ),
+    "torch._C._host_emptyCache": (
+        "zero_auto gives a trial's page-locked host blocks back on torch builds without the public "
+        "torch.accelerator.empty_host_cache (torch 2.11 on the GPU machines; CUDA builds only)"
     ),
     "torch.nn.Module._apply": (
         "tasks keep metric states in their dtype under Module.to(dtype) (TaskModule._apply; Lightning's own "
@@ -140,6 +145,16 @@ def abstract_tensors() -> Iterator[None]:
 
     with FakeTensorMode(allow_non_fake_inputs=True):
         yield
+
+
+def empty_pinned_host_cache() -> None:
+    """Return the page-locked host blocks that torch's host allocator keeps cached to the system."""
+    import torch
+
+    if hasattr(torch.accelerator, "empty_host_cache"):
+        torch.accelerator.empty_host_cache()
+    else:
+        torch._C._host_emptyCache()
 
 
 materialize_meta_module: Callable[[nn.Module, Any], None] = _materialize_distributed_module

@@ -68,6 +68,8 @@ def fingerprint(path: str) -> str:
 
 
 def needs(path: str) -> list[Any]:
+    if path == "torch._C._host_emptyCache":  # a C function of CUDA builds without a public twin: no source to read
+        return [pytest.mark.skip(reason="a C function: checked by the GPU benchmarks' zero_auto runs")]
     return [RunIf(fairscale=True)] if path.startswith("fairscale.") else []
 
 

@@ -21,6 +21,7 @@ import torch
 from lightning.pytorch import LightningModule
 from torch import nn
 
+from lightning_zero.internals import empty_pinned_host_cache
 from lightning_zero.runtime.batches import is_out_of_memory, training_loss
 from lightning_zero.strategies.deepspeed import forget_zero3_modules, initialize_engine
 
@@ -146,7 +147,7 @@ def give_back_memory(device: torch.device) -> None:
     gc.collect()  # a ZeRO optimizer and its module reach each other: only the collector frees them
     if device.type == "cuda":
         torch.cuda.empty_cache()
-        torch.accelerator.empty_host_cache()
+        empty_pinned_host_cache()
     _trim_host_heap()
 
 
