@@ -27,6 +27,7 @@ from lightning_zero.checkpoint.weights_only import (
     warn_optimizer_not_carried,
     weights_only_checkpoint,
 )
+from lightning_zero.internals import load_universal_checkpoint_next
 
 if TYPE_CHECKING:  # what the mixin is placed before: typed as such, a plain class at run time
     from lightning.pytorch.strategies import ParallelStrategy as _Strategy
@@ -88,5 +89,5 @@ class SafeCheckpoints(_Strategy):
             universal_checkpoint(path)
         self.barrier()
         # Lightning builds the engine before it loads, so `checkpoint.load_universal` is switched on here.
-        self.deepspeed_engine._config.load_universal_checkpoint = True
+        load_universal_checkpoint_next(self.deepspeed_engine)
         return path.with_name(path.name + UNIVERSAL_SUFFIX)

@@ -29,7 +29,12 @@ from torchmetrics import Metric
 
 from lightning_zero.checkpoint.strategy import SafeCheckpoints
 from lightning_zero.errors import ZeroConfigError
-from lightning_zero.internals import init_optimizers_and_schedulers
+from lightning_zero.internals import (
+    attached_trainer,
+    init_optimizers_and_schedulers,
+    zero3_consolidated_state_dict,
+    zero3_gradient_hooks,
+)
 from lightning_zero.memory.budget import apply_memory_budget, lift_memory_budget
 from lightning_zero.models.blocks import prepare_blocks
 from lightning_zero.runtime.ops import wait_for_op
@@ -88,7 +93,7 @@ def release_engine(engine: deepspeed.DeepSpeedEngine, zero_stage_3: bool) -> Non
     if not zero_stage_3:
         engine.destroy()
         return
-    for hook in getattr(engine.optimizer, "_grad_acc_hooks", ()):  # none after `validate` or `predict` alone
+    for hook in zero3_gradient_hooks(engine.optimizer):
         hook.remove()
 
 
@@ -373,7 +378,7 @@ class DeepSpeedZeroStrategy(WatchedRanks, SafeCheckpoints, _DeepSpeedOnCpu):
 
     def _trainer_values(self) -> TrainerValues:
         module = self.lightning_module
-        if module is None or module._trainer is None:
+        if module is None or attached_trainer(module) is None:
             return TrainerValues(micro_batch_size=1)
         trainer = module.trainer
         return TrainerValues(
@@ -388,7 +393,7 @@ class DeepSpeedZeroStrategy(WatchedRanks, SafeCheckpoints, _DeepSpeedOnCpu):
         assert self.lightning_module is not None
         if not self.zero_stage_3:
             return self.lightning_module.state_dict()
-        state = self.deepspeed_engine._zero3_consolidated_16bit_state_dict()
+        state = zero3_consolidated_state_dict(self.deepspeed_engine)
         return state if state is not None else {}
 
     def checkpoint_identity(self) -> tuple[str, int]:

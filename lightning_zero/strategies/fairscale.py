@@ -30,6 +30,11 @@ from torch.optim import Optimizer
 
 from lightning_zero.checkpoint.strategy import SafeCheckpoints
 from lightning_zero.errors import ZeroConfigError
+from lightning_zero.internals import (
+    sharded_bucket_parameter_ids,
+    unwrap_lightning_optimizer,
+    wait_for_sharded_reductions,
+)
 from lightning_zero.memory.budget import apply_memory_budget, lift_memory_budget
 from lightning_zero.models.blocks import prepare_blocks
 from lightning_zero.runtime.devices import broadcast_module_states, optimizers_to_device
@@ -173,13 +178,13 @@ class FairScaleStrategy(WatchedRanks, SafeCheckpoints, DDPStrategy):
         module = self.lightning_module
         if wrapper is not None and module is not None and not module.automatic_optimization:
             # ShardedDataParallel waits only at the end of the first backward pass after a forward.
-            wrapper._consume_work_handles()
+            wait_for_sharded_reductions(wrapper)
 
     def optimizer_state(self, optimizer: Optimizer) -> dict[str, Any]:
         """The whole optimizer state on rank 0 (gathered from every rank's shard), ``{}`` elsewhere; collective."""
         from fairscale.optim import OSS
 
-        inner = getattr(optimizer, "_optimizer", optimizer)
+        inner = unwrap_lightning_optimizer(optimizer)
         if not isinstance(inner, OSS):
             return super().optimizer_state(optimizer)
         inner.consolidate_state_dict(recipient_rank=0)
@@ -226,7 +231,7 @@ def _zero_grad_through(wrapper: Any, optimizer: OSS) -> Any:
     """
 
     def zero_grad(set_to_none: bool = True) -> None:
-        bucketed = {param_id for bucket in wrapper._bucket_list for param_id in bucket._param_ids}
+        bucketed = sharded_bucket_parameter_ids(wrapper)
         for group in optimizer.param_groups:
             for parameter in group["params"]:
                 if parameter.grad is None:
@@ -241,7 +246,7 @@ def _zero_grad_through(wrapper: Any, optimizer: OSS) -> Any:
 
 def _clip_grad_by_norm(optimizer: Optimizer, clip_val: float) -> None:
     """Clip by the norm over all ranks' gradient shards (a local ``clip_grad_norm_`` would see only some)."""
-    inner = getattr(optimizer, "_optimizer", optimizer)
+    inner = unwrap_lightning_optimizer(optimizer)
     clip = getattr(inner, "clip_grad_norm", None)
     if clip is None:
         parameters = [p for group in inner.param_groups for p in group["params"]]

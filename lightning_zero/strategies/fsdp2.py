@@ -196,4 +196,4 @@ def _move_buffers(module: nn.Module, device: torch.device) -> None:
     for submodule in module.modules():
         for name, buffer in submodule.named_buffers(recurse=False):
             if buffer.device != device:
-                submodule._buffers[name] = buffer.to(device)
+                setattr(submodule, name, buffer.to(device))  # Module.__setattr__ replaces the registered buffer
