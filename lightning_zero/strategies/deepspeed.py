@@ -28,6 +28,7 @@ from torch.optim import Optimizer
 from torchmetrics import Metric
 
 from lightning_zero.checkpoint.strategy import SafeCheckpoints
+from lightning_zero.checkpoint.weights_only import load_into_deepspeed
 from lightning_zero.errors import ZeroConfigError
 from lightning_zero.internals import (
     attached_trainer,
@@ -35,8 +36,6 @@ from lightning_zero.internals import (
     zero3_consolidated_state_dict,
     zero3_gradient_hooks,
 )
-from lightning_zero.memory.budget import apply_memory_budget, lift_memory_budget
-from lightning_zero.models.blocks import prepare_blocks
 from lightning_zero.runtime.ops import wait_for_op
 from lightning_zero.runtime.watchdog import WatchedRanks, end_process_groups
 from lightning_zero.strategies import cpu_adam
@@ -48,6 +47,7 @@ from lightning_zero.strategies.deepspeed_settings import (
     config_change_error,
 )
 from lightning_zero.strategies.launch_checks import preflight_launcher
+from lightning_zero.strategies.shared import ShardedSetup
 
 if TYPE_CHECKING:
     import deepspeed
@@ -218,7 +218,7 @@ class _DeepSpeedOnCpu(DeepSpeedStrategy):
         return initialize_engine(model, config, self._device_rank, optimizer, lr_scheduler, parameters)
 
 
-class DeepSpeedZeroStrategy(WatchedRanks, SafeCheckpoints, _DeepSpeedOnCpu):
+class DeepSpeedZeroStrategy(ShardedSetup, WatchedRanks, SafeCheckpoints, _DeepSpeedOnCpu):
     """ZeRO stages 0-3 with optional CPU/NVMe offload, through DeepSpeed (also known as ``ZeroStrategy``).
 
     Args:
@@ -239,6 +239,7 @@ class DeepSpeedZeroStrategy(WatchedRanks, SafeCheckpoints, _DeepSpeedOnCpu):
 
     #: The registered name that builds this class with its defaults (stage 2).
     strategy_name = "zero2"
+    zero_backend = "deepspeed"
 
     # LightningCLI reads this signature: the parameters it shares with the other strategies stay spelled out.
     def __init__(
@@ -308,9 +309,8 @@ class DeepSpeedZeroStrategy(WatchedRanks, SafeCheckpoints, _DeepSpeedOnCpu):
         self._launcher = preflight_launcher(self._launcher)
 
     def setup(self, trainer: Any) -> None:
-        apply_memory_budget(self, "deepspeed")
-        assert self.model is not None
-        prepare_blocks(self.model, self.zero.activation_checkpointing, self.zero.compile_blocks)
+        self.apply_memory_budget()
+        self.prepare_blocks()
         super().setup(trainer)
         if self.zero_stage_3:
             assert self.lightning_module is not None
@@ -340,7 +340,6 @@ class DeepSpeedZeroStrategy(WatchedRanks, SafeCheckpoints, _DeepSpeedOnCpu):
 
             unset_hf_deepspeed_config()
             self._transformers_zero3 = None
-        lift_memory_budget(self)
         super().teardown()
 
     def _initialize_deepspeed_inference(self, model: Module) -> None:
@@ -396,8 +395,9 @@ class DeepSpeedZeroStrategy(WatchedRanks, SafeCheckpoints, _DeepSpeedOnCpu):
         state = zero3_consolidated_state_dict(self.deepspeed_engine)
         return state if state is not None else {}
 
-    def checkpoint_identity(self) -> tuple[str, int]:
-        return "deepspeed", self.zero.stage
+    def load_consolidated_weights(self, module: Module, state_dict: dict[str, Any]) -> None:
+        # The engine is set up before a checkpoint loads, and Lightning's `load_model_state_dict` does nothing here.
+        load_into_deepspeed(module, self.deepspeed_engine, state_dict, self.zero.stage)
 
 
 #: The documented name of :class:`DeepSpeedZeroStrategy`.

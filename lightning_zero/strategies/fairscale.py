@@ -25,7 +25,7 @@ from lightning.fabric.plugins.collectives.torch_collective import default_pg_tim
 from lightning.pytorch.plugins.precision import MixedPrecision
 from lightning.pytorch.strategies import DDPStrategy
 from lightning.pytorch.trainer.states import TrainerFn
-from torch import Tensor
+from torch import Tensor, nn
 from torch.optim import Optimizer
 
 from lightning_zero.checkpoint.strategy import SafeCheckpoints
@@ -35,8 +35,6 @@ from lightning_zero.internals import (
     unwrap_lightning_optimizer,
     wait_for_sharded_reductions,
 )
-from lightning_zero.memory.budget import apply_memory_budget, lift_memory_budget
-from lightning_zero.models.blocks import prepare_blocks
 from lightning_zero.runtime.devices import broadcast_module_states, optimizers_to_device
 from lightning_zero.runtime.watchdog import WatchedRanks
 from lightning_zero.strategies.cpu_adam import rebind_scheduler
@@ -47,6 +45,7 @@ from lightning_zero.strategies.fairscale_config import (
     oss_options,
     sharded_ddp_options,
 )
+from lightning_zero.strategies.shared import ShardedSetup
 
 if TYPE_CHECKING:
     import lightning.pytorch as pl
@@ -63,7 +62,7 @@ def require_fairscale() -> None:
         raise ZeroConfigError(FAIRSCALE_MISSING) from None
 
 
-class FairScaleStrategy(WatchedRanks, SafeCheckpoints, DDPStrategy):
+class FairScaleStrategy(ShardedSetup, WatchedRanks, SafeCheckpoints, DDPStrategy):
     """ZeRO stage 1 (OSS + DDP) or 2 (OSS + ShardedDataParallel) through FairScale.
 
     Args:
@@ -78,6 +77,8 @@ class FairScaleStrategy(WatchedRanks, SafeCheckpoints, DDPStrategy):
 
     #: The registered name that builds this class with its defaults (stage 2).
     strategy_name = "zero2_fairscale"
+    zero_backend = "fairscale"
+    zero: FairScaleZeroConfig
 
     # LightningCLI reads this signature: the parameters it shares with the other strategies stay spelled out.
     def __init__(
@@ -112,12 +113,12 @@ class FairScaleStrategy(WatchedRanks, SafeCheckpoints, DDPStrategy):
     def setup(self, trainer: pl.Trainer) -> None:
         """DDPStrategy's set-up, but the optimizers are sharded before the model is wrapped (SDP needs them)."""
         assert self.accelerator is not None and self.model is not None
-        apply_memory_budget(self, "fairscale")
+        self.apply_memory_budget()
         self.accelerator.setup(trainer)
         fitting = trainer.state.fn == TrainerFn.FITTING
         if fitting and self._layer_sync:
             self.model = self._layer_sync.apply(self.model)
-        prepare_blocks(self.model, self.zero.activation_checkpointing, self.zero.compile_blocks)
+        self.prepare_blocks()
         self.precision_plugin.convert_module(self.model)
         self.model_to_device()
         if fitting:
@@ -198,11 +199,10 @@ class FairScaleStrategy(WatchedRanks, SafeCheckpoints, DDPStrategy):
     def teardown(self) -> None:
         if self.sharded_ddp is not None:
             self.model = self.lightning_module
-        lift_memory_budget(self)
         super().teardown()
 
-    def checkpoint_identity(self) -> tuple[str, int]:
-        return "fairscale", self.zero.stage
+    def load_consolidated_weights(self, module: nn.Module, state_dict: dict[str, Any]) -> None:
+        """Nothing before Lightning's ``load_model_state_dict``, which loads them: every rank holds all parameters."""
 
 
 def to_oss(optimizer: Optimizer, config: FairScaleZeroConfig) -> OSS:
