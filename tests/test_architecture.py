@@ -60,3 +60,20 @@ def test_imports_flow_down_the_layers() -> None:
             if layer_of(target) > layer_of(here):
                 upward.append(f"{path.relative_to(REPO)} imports lightning_zero.{target}")
     assert upward == []
+
+
+def test_every_strategy_keeps_the_contract_of_the_layers_below() -> None:
+    """mypy holds each strategy class to :class:`~lightning_zero.sharding.ShardedStrategy` (the annotated list); the
+    run holds its ``zero_backend`` to the backend of the preset that builds it (the memory layouts' name)."""
+    from lightning_zero.preset_table import PRESETS
+    from lightning_zero.sharding import ShardedStrategy
+    from lightning_zero.strategies.deepspeed import DeepSpeedZeroStrategy
+    from lightning_zero.strategies.fairscale import FairScaleStrategy
+    from lightning_zero.strategies.fsdp2 import FSDP2Strategy
+
+    classes: list[type[ShardedStrategy]] = [DeepSpeedZeroStrategy, FairScaleStrategy, FSDP2Strategy]
+    backends = {preset.name: preset.backend for preset in PRESETS}
+    assert {cls.__name__: cls.zero_backend for cls in classes} == {
+        cls.__name__: backends[getattr(cls, "strategy_name")] for cls in classes
+    }
+    assert len({cls.zero_backend for cls in classes}) == len(classes)
