@@ -71,9 +71,14 @@ def test_every_strategy_keeps_the_contract_of_the_layers_below() -> None:
     from lightning_zero.strategies.fairscale import FairScaleStrategy
     from lightning_zero.strategies.fsdp2 import FSDP2Strategy
 
-    classes: list[type[ShardedStrategy]] = [DeepSpeedZeroStrategy, FairScaleStrategy, FSDP2Strategy]
+    contract: list[type[ShardedStrategy]] = [DeepSpeedZeroStrategy, FairScaleStrategy, FSDP2Strategy]
     backends = {preset.name: preset.backend for preset in PRESETS}
-    assert {cls.__name__: cls.zero_backend for cls in classes} == {
-        cls.__name__: backends[getattr(cls, "strategy_name")] for cls in classes
+    presets = {
+        DeepSpeedZeroStrategy: DeepSpeedZeroStrategy.strategy_name,
+        FairScaleStrategy: FairScaleStrategy.strategy_name,
+        FSDP2Strategy: FSDP2Strategy.strategy_name,
     }
-    assert len({cls.zero_backend for cls in classes}) == len(classes)
+    assert {cls.__name__: cls.zero_backend for cls in contract} == {
+        cls.__name__: backends[name] for cls, name in presets.items()
+    }
+    assert len({cls.zero_backend for cls in contract}) == len(contract)
