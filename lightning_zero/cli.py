@@ -36,6 +36,7 @@ from lightning_zero import preflight
 from lightning_zero.checkpoint.resume import ExactResume, WeightsOnlyResume
 from lightning_zero.checkpoint.validate import check_checkpoint
 from lightning_zero.errors import CommandParser, LightningZeroError, ZeroConfigError
+from lightning_zero.internals import subcommand_parsers
 from lightning_zero.parse_errors import as_config_error, explain, parse_error_line
 from lightning_zero.presets import PRESETS, check_strategy_name
 from lightning_zero.quiet import quiet_libraries
@@ -99,8 +100,7 @@ class ZeroCLI(LightningCLI):
 
 def _raise_instead_of_exit(parser: Any) -> None:
     parser.exit_on_error = False
-    subcommands = getattr(parser, "_subcommands_action", None)
-    for subparser in getattr(subcommands, "_name_parser_map", {}).values():
+    for subparser in subcommand_parsers(parser):
         _raise_instead_of_exit(subparser)
 
 

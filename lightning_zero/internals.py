@@ -1,14 +1,17 @@
 """Every private part of Lightning, DeepSpeed, FairScale and torch that lightning-zero relies on, in one place.
 
 None has a public route in the versions pinned by constraints.txt. Modules import the private functions from here,
-under public names; :data:`RELIED_ON` also lists the private methods and attributes the strategies override, copy
-or read, each with why and the upstream issue that would end the need. ``tests/test_internals.py`` fingerprints the
-source of every entry, so an upgrade that changes one fails CI instead of a user's run.
+under public names, and read private attributes through the functions here, each saying what it needs;
+:data:`RELIED_ON` also lists the private methods and attributes the strategies override, copy or read, each with why
+and the upstream issue that would end the need, and :data:`ACCESSED` names each private attribute used outside this
+module. ``tests/test_internals.py`` fingerprints the source of every entry, so an upgrade that changes one fails CI
+instead of a user's run, and fails on a private attribute used elsewhere without an entry.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -24,17 +27,29 @@ from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
 )
 
 __all__ = [
+    "ACCESSED",
     "RELIED_ON",
     "CheckpointImpl",
     "SubprocessScriptLauncher",
     "abstract_tensors",
     "apply_activation_checkpointing",
+    "attached_trainer",
+    "auto_class_model_classes",
     "checkpoint_wrapper",
     "empty_pinned_host_cache",
     "extension_build_directory",
     "init_optimizers_and_schedulers",
+    "load_universal_checkpoint_next",
     "materialize_meta_module",
+    "no_split_module_names",
     "set_cuda_allocator_settings",
+    "sharded_bucket_parameter_ids",
+    "subcommand_parsers",
+    "track_steps_for_scheduler",
+    "unwrap_lightning_optimizer",
+    "wait_for_sharded_reductions",
+    "zero3_consolidated_state_dict",
+    "zero3_gradient_hooks",
 ]
 
 #: Dotted path of each private object relied on -> why, and the upstream issue or pull request about it.
@@ -61,8 +76,12 @@ RELIED_ON: dict[str, str] = {
         "torch.accelerator.empty_host_cache (torch 2.11 on the GPU machines; CUDA builds only)"
     ),
     "torch.nn.Module._apply": (
-        "tasks keep metric states in their dtype under Module.to(dtype) (TaskModule._apply; Lightning's own "
-        "_DeviceDtypeModuleMixin overrides it the same way)"
+        "tasks keep metric states in their dtype under Module.to(dtype) (TaskModule._apply, which takes them out of "
+        "_modules for the call; Lightning's own _DeviceDtypeModuleMixin overrides it the same way)"
+    ),
+    "torch.optim.lr_scheduler.LRScheduler.__init__": (
+        "a scheduler re-pointed at a new optimizer wraps its step as the constructor does (_opt_called, "
+        "_wrapped_by_lr_sched), so its step-order check still holds (no public re-binding)"
     ),
     # Lightning
     "lightning.fabric.utilities.init._materialize_distributed_module": (
@@ -81,6 +100,15 @@ RELIED_ON: dict[str, str] = {
         "deepspeed.initialize with a device rank on CPU (Lightning passes the CUDA index; #12699)"
     ),
     "lightning.pytorch.strategies.deepspeed.DeepSpeedStrategy._initialize_deepspeed_inference": "as above",
+    "lightning.pytorch.strategies.deepspeed.DeepSpeedStrategy._init_deepspeed_distributed": (
+        "called by the CPU set-up after its own rank set-up, in place of setup_distributed's device check (#12699)"
+    ),
+    "lightning.pytorch.strategies.deepspeed.DeepSpeedStrategy._init_config_if_needed": (
+        "the config resolved before ZeRO-3 builds the model, for transformers' HfDeepSpeedConfig"
+    ),
+    "lightning.pytorch.strategies.deepspeed.DeepSpeedStrategy._auto_select_batch_size": (
+        'the micro-batch an `"auto"` value gets, read from the train loader as Lightning does'
+    ),
     "lightning.pytorch.strategies.deepspeed.DeepSpeedStrategy._init_optimizers": (
         "the module's AdamW swapped for DeepSpeed's CPU Adam under offload (no hook between configure_optimizers "
         "and deepspeed.initialize)"
@@ -106,15 +134,53 @@ RELIED_ON: dict[str, str] = {
         "copied by FSDP2Strategy.setup: sharding in the strategy, not in the user's configure_model"
     ),
     "lightning.pytorch.strategies.model_parallel.ModelParallelStrategy._get_process_group_backend": (
-        "gloo beside NCCL when FSDP2 offloads to CPU: its gradients' collectives run there (no public hook)"
+        "gloo beside NCCL when FSDP2 offloads to CPU: its gradients' collectives run there (no public hook); "
+        "_process_group_backend is the backend the user gave"
+    ),
+    "lightning.pytorch.strategies.model_parallel.ModelParallelStrategy.setup_environment": (
+        "its mesh is built from _data_parallel_size and _tensor_parallel_size, which FSDP2Strategy sets to pure data "
+        'parallelism first (the constructor\'s "auto" puts processes on the tensor-parallel axis)'
+    ),
+    "lightning.pytorch.core.optimizer.LightningOptimizer.__init__": (
+        "the optimizer a LightningOptimizer wraps (_optimizer): FairScale's OSS is consolidated and clipped itself"
+    ),
+    "lightning.pytorch.core.module.LightningModule.trainer": (
+        "whether a Trainer is attached: the property raises without one, so _trainer is read"
+    ),
+    "lightning.pytorch.callbacks.throughput_monitor.ThroughputMonitor.setup": (
+        "the per-stage Throughput objects it creates (_throughputs) get ThroughputMeter's peak FLOPs (no setter)"
+    ),
+    "lightning.pytorch.cli.LightningCLI._parse_ckpt_path": (
+        "a checkpoint whose hyper-parameters the model config does not take is one error line, not a traceback"
     ),
     "lightning.pytorch.loops.fit_loop._FitLoop.setup_data": (
         "ExactResume reads _combined_loader and _data_fetcher to continue mid-epoch with a plain DataLoader "
         "(Lightning resumes mid-epoch only for stateful loaders: Lightning-AI/pytorch-lightning#19764)"
     ),
+    # DeepSpeed
+    "deepspeed.runtime.zero.stage3.DeepSpeedZeroOptimizer_Stage3.create_reduce_and_remove_grad_hooks": (
+        "ZeRO-3's gradient hooks (_grad_acc_hooks) removed alone frees a finished run's model; destroy() would also "
+        "remove the hooks that gather parameters for a later forward"
+    ),
+    "deepspeed.runtime.engine.DeepSpeedEngine._zero3_consolidated_16bit_state_dict": (
+        "the whole model's weights gathered under ZeRO-3, in memory (the public save_16bit_model writes a file)"
+    ),
+    "deepspeed.runtime.engine.DeepSpeedEngine.load_universal_checkpoint": (
+        "switched on (_config) after the engine exists: Lightning builds the engine before it loads"
+    ),
+    # transformers, jsonargparse
+    "transformers.models.auto.auto_factory._BaseAutoModelClass.from_config": (
+        "the model class an auto class builds for a config (_model_mapping), to import it before zero.Init"
+    ),
+    "transformers.modeling_utils.PreTrainedModel.post_init": (
+        "a Hugging Face model's block class names (_no_split_modules), the blocks to checkpoint and shard"
+    ),
+    "jsonargparse._core.ArgumentParser.add_subcommands": (
+        "every sub-command's parser (_subcommands_action, argparse's _name_parser_map), made to raise, not exit"
+    ),
     # FairScale
     "fairscale.nn.data_parallel.sharded_ddp.ShardedDataParallel._consume_work_handles": (
-        "waits for SDP's reduce work before Lightning's optimizer step (FairScale is archived: no fix upstream)"
+        "waits for SDP's reduce work before a manual optimizer step (FairScale is archived: no fix upstream)"
     ),
     "fairscale.nn.data_parallel.sharded_ddp.ShardedDataParallel._setup_bucket_strategy": (
         "zero_grad through SDP's gradient buckets (_bucket_list, _param_ids) keeps them intact; archived upstream"
@@ -160,3 +226,107 @@ def empty_pinned_host_cache() -> None:
 materialize_meta_module: Callable[[nn.Module, Any], None] = _materialize_distributed_module
 SubprocessScriptLauncher = _SubprocessScriptLauncher
 init_optimizers_and_schedulers = _init_optimizers_and_lr_schedulers
+
+_DS = "lightning.pytorch.strategies.deepspeed.DeepSpeedStrategy"
+_LAUNCHER = "lightning.pytorch.strategies.ddp.DDPStrategy._configure_launcher"
+_MP = "lightning.pytorch.strategies.model_parallel.ModelParallelStrategy"
+
+#: ``(module, private name) -> RELIED_ON entry`` of each private attribute or method of an upstream class that a
+#: module other than this one uses: the strategies' overrides and the state of the classes they derive from.
+ACCESSED: dict[tuple[str, str], str] = {
+    ("lightning_zero.strategies.deepspeed", "_configure_launcher"): _LAUNCHER,
+    ("lightning_zero.strategies.deepspeed", "_launcher"): _LAUNCHER,
+    ("lightning_zero.strategies.deepspeed", "_init_deepspeed_distributed"): f"{_DS}._init_deepspeed_distributed",
+    ("lightning_zero.strategies.deepspeed", "_init_config_if_needed"): f"{_DS}._init_config_if_needed",
+    ("lightning_zero.strategies.deepspeed", "_auto_select_batch_size"): f"{_DS}._auto_select_batch_size",
+    ("lightning_zero.strategies.deepspeed", "_init_optimizers"): f"{_DS}._init_optimizers",
+    ("lightning_zero.strategies.fairscale", "_layer_sync"): "lightning.pytorch.strategies.ddp.DDPStrategy.setup",
+    ("lightning_zero.strategies.fsdp2", "_get_process_group_backend"): f"{_MP}._get_process_group_backend",
+    ("lightning_zero.strategies.fsdp2", "_process_group_backend"): f"{_MP}._get_process_group_backend",
+    ("lightning_zero.strategies.fsdp2", "_data_parallel_size"): f"{_MP}.setup_environment",
+    ("lightning_zero.strategies.fsdp2", "_tensor_parallel_size"): f"{_MP}.setup_environment",
+    ("lightning_zero.checkpoint.resume", "_combined_loader"): "lightning.pytorch.loops.fit_loop._FitLoop.setup_data",
+    ("lightning_zero.checkpoint.resume", "_data_fetcher"): "lightning.pytorch.loops.fit_loop._FitLoop.setup_data",
+    ("lightning_zero.tasks.base", "_apply"): "torch.nn.Module._apply",
+    ("lightning_zero.tasks.base", "_modules"): "torch.nn.Module._apply",
+    ("lightning_zero.tasks.classification", "_trainer"): "lightning.pytorch.core.module.LightningModule.trainer",
+    ("lightning_zero.tasks.seq2seq", "_trainer"): "lightning.pytorch.core.module.LightningModule.trainer",
+    ("lightning_zero.callbacks.throughput", "_throughputs"): (
+        "lightning.pytorch.callbacks.throughput_monitor.ThroughputMonitor.setup"
+    ),
+    ("lightning_zero.cli", "_parse_ckpt_path"): "lightning.pytorch.cli.LightningCLI._parse_ckpt_path",
+}
+
+
+def zero3_gradient_hooks(optimizer: Any) -> list[Any]:
+    """The hooks a ZeRO-3 optimizer put on its parameters' gradient accumulation; none for an engine's other
+    optimizers (an engine set up for ``validate`` or ``predict`` alone holds no ZeRO-3 optimizer)."""
+    from deepspeed.runtime.zero.stage3 import DeepSpeedZeroOptimizer_Stage3
+
+    return list(optimizer._grad_acc_hooks) if isinstance(optimizer, DeepSpeedZeroOptimizer_Stage3) else []
+
+
+def zero3_consolidated_state_dict(engine: Any) -> dict[str, Any] | None:
+    """The whole model's state dict gathered from a ZeRO-3 engine's partitions on global rank 0 (``None`` on the
+    others); collective."""
+    state: dict[str, Any] | None = engine._zero3_consolidated_16bit_state_dict()
+    return state
+
+
+def load_universal_checkpoint_next(engine: Any) -> None:
+    """Make a built DeepSpeed engine's next ``load_checkpoint`` read a universal checkpoint."""
+    engine._config.load_universal_checkpoint = True
+
+
+def unwrap_lightning_optimizer(optimizer: Any) -> Any:
+    """The optimizer a ``LightningOptimizer`` wraps; any other optimizer as it is."""
+    from lightning.pytorch.core.optimizer import LightningOptimizer
+
+    return optimizer._optimizer if isinstance(optimizer, LightningOptimizer) else optimizer
+
+
+def attached_trainer(module: Any) -> Any:
+    """The Trainer a LightningModule is attached to, or ``None`` (its ``trainer`` property raises then)."""
+    return module._trainer
+
+
+def wait_for_sharded_reductions(wrapper: Any) -> None:
+    """Wait for the gradient reductions a FairScale ``ShardedDataParallel`` started in this backward pass."""
+    wrapper._consume_work_handles()
+
+
+def sharded_bucket_parameter_ids(wrapper: Any) -> set[int]:
+    """``id()`` of each parameter whose gradient is a view into a ``ShardedDataParallel`` gradient bucket."""
+    return {param_id for bucket in wrapper._bucket_list for param_id in bucket._param_ids}
+
+
+def track_steps_for_scheduler(optimizer: Any) -> None:
+    """Wrap ``optimizer.step`` as ``LRScheduler.__init__`` does, so a scheduler re-pointed at ``optimizer`` can tell
+    that it stepped before the scheduler (torch warns otherwise)."""
+    step = optimizer.step
+
+    @functools.wraps(step)
+    def tracked_step(*args: Any, **kwargs: Any) -> Any:
+        optimizer._opt_called = True
+        return step(*args, **kwargs)
+
+    tracked_step._wrapped_by_lr_sched = True  # type: ignore[attr-defined]
+    optimizer.step = tracked_step
+
+
+def auto_class_model_classes(auto_class: Any) -> Any:
+    """A transformers auto class's mapping from config class to the model class it builds (imported on lookup)."""
+    return auto_class._model_mapping
+
+
+def no_split_module_names(module: nn.Module) -> list[str]:
+    """The block class names a Hugging Face model lists as never to be split (none for any other module)."""
+    from transformers import PreTrainedModel
+
+    return list(module._no_split_modules or ()) if isinstance(module, PreTrainedModel) else []
+
+
+def subcommand_parsers(parser: Any) -> list[Any]:
+    """The parsers of a jsonargparse ``ArgumentParser``'s sub-commands (none if it has none)."""
+    action = parser._subcommands_action
+    return [] if action is None else list(action._name_parser_map.values())

@@ -12,7 +12,9 @@ PACKAGE = REPO / "lightning_zero"
 
 #: Lowest first; a module may import from its own layer and the layers before it.
 LAYERS: tuple[frozenset[str], ...] = (
-    frozenset({"errors", "precision", "quiet", "hardware", "packages", "internals", "preset_table", "version"}),
+    frozenset(
+        {"errors", "precision", "quiet", "hardware", "packages", "internals", "preset_table", "sharding", "version"}
+    ),
     frozenset({"runtime"}),
     frozenset({"models"}),
     frozenset({"data"}),
@@ -60,3 +62,25 @@ def test_imports_flow_down_the_layers() -> None:
             if layer_of(target) > layer_of(here):
                 upward.append(f"{path.relative_to(REPO)} imports lightning_zero.{target}")
     assert upward == []
+
+
+def test_every_strategy_keeps_the_contract_of_the_layers_below() -> None:
+    """mypy holds each strategy class to :class:`~lightning_zero.sharding.ShardedStrategy` (the annotated list); the
+    run holds its ``zero_backend`` to the backend of the preset that builds it (the memory layouts' name)."""
+    from lightning_zero.preset_table import PRESETS
+    from lightning_zero.sharding import ShardedStrategy
+    from lightning_zero.strategies.deepspeed import DeepSpeedZeroStrategy
+    from lightning_zero.strategies.fairscale import FairScaleStrategy
+    from lightning_zero.strategies.fsdp2 import FSDP2Strategy
+
+    contract: list[type[ShardedStrategy]] = [DeepSpeedZeroStrategy, FairScaleStrategy, FSDP2Strategy]
+    backends = {preset.name: preset.backend for preset in PRESETS}
+    presets = {
+        DeepSpeedZeroStrategy: DeepSpeedZeroStrategy.strategy_name,
+        FairScaleStrategy: FairScaleStrategy.strategy_name,
+        FSDP2Strategy: FSDP2Strategy.strategy_name,
+    }
+    assert {cls.__name__: cls.zero_backend for cls in contract} == {
+        cls.__name__: backends[name] for cls, name in presets.items()
+    }
+    assert len({cls.zero_backend for cls in contract}) == len(contract)

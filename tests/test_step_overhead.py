@@ -1,4 +1,5 @@
-"""Our DeepSpeed strategy adds no work to a training step: the same Python calls as Lightning's own class.
+"""Our DeepSpeed strategy adds no work to a training step: the same Python calls as Lightning's own
+``DeepSpeedStrategy`` class (its refusal of a CPU lifted in ``tests/helpers/step_calls_run.py`` only).
 
 Same-config GPU pairs (benchmarks/README.md) differ by up to a few percent between repeats, so a small per-step cost
 would hide in them; a count of Python calls (``cProfile``) does not depend on the machine's load. Measured, per

@@ -22,27 +22,37 @@ from lightning_zero.checkpoint.reshard import (
 from lightning_zero.checkpoint.validate import check_checkpoint
 from lightning_zero.checkpoint.weights_only import (
     describe,
-    load_into_deepspeed,
-    load_into_fsdp2,
     warn_optimizer_not_carried,
     weights_only_checkpoint,
 )
+from lightning_zero.internals import load_universal_checkpoint_next
 
 if TYPE_CHECKING:  # what the mixin is placed before: typed as such, a plain class at run time
     from lightning.pytorch.strategies import ParallelStrategy as _Strategy
+    from torch import nn
+
+    from lightning_zero.sharding import ZeroSettings
 else:
     _Strategy = object
 
 
 class SafeCheckpoints(_Strategy):
-    """Mixin placed before a Lightning strategy class; the strategy says its backend and stage."""
+    """Mixin placed before a Lightning strategy class; the strategy is a
+    :class:`~lightning_zero.sharding.ShardedStrategy`, which says its backend, its stage and how consolidated
+    weights load into it."""
 
     if TYPE_CHECKING:
         deepspeed_engine: Any  # the DeepSpeed strategy's, used on its routes only
+        zero_backend: str
+
+        @property
+        def zero(self) -> ZeroSettings: ...
+
+        def load_consolidated_weights(self, module: nn.Module, state_dict: dict[str, Any]) -> None: ...
 
     def checkpoint_identity(self) -> tuple[str, int]:
         """``(backend, ZeRO stage)`` recorded in the manifest."""
-        raise NotImplementedError
+        return self.zero_backend, self.zero.stage
 
     def save_checkpoint(self, checkpoint: dict[str, Any], filepath: Any, storage_options: Any = None) -> None:
         backend, stage = self.checkpoint_identity()
@@ -74,10 +84,7 @@ class SafeCheckpoints(_Strategy):
         checkpoint = weights_only_checkpoint(path)
         module = self.lightning_module
         assert module is not None, "a checkpoint loads into a set-up strategy"
-        if backend == "deepspeed":  # set up before the load; Lightning's `load_model_state_dict` does nothing here
-            load_into_deepspeed(module, self.deepspeed_engine, checkpoint["state_dict"], stage)
-        elif backend == "fsdp2":
-            load_into_fsdp2(module, checkpoint["state_dict"])
+        self.load_consolidated_weights(module, checkpoint["state_dict"])
         here = describe(backend, stage, self.world_size)
         warn_optimizer_not_carried(path, manifest, here, why_not_carried(manifest, backend))
         return checkpoint
@@ -88,5 +95,5 @@ class SafeCheckpoints(_Strategy):
             universal_checkpoint(path)
         self.barrier()
         # Lightning builds the engine before it loads, so `checkpoint.load_universal` is switched on here.
-        self.deepspeed_engine._config.load_universal_checkpoint = True
+        load_universal_checkpoint_next(self.deepspeed_engine)
         return path.with_name(path.name + UNIVERSAL_SUFFIX)

@@ -17,6 +17,7 @@ from torch import nn
 from lightning_zero.errors import ZeroConfigError
 from lightning_zero.memory.states import Layout, ModelStates, ParameterShapes, model_states
 from lightning_zero.preset_table import PRESETS, Preset
+from lightning_zero.sharding import BudgetedStrategy
 
 GIB = 2**30
 
@@ -71,7 +72,7 @@ def cap_device_memory(device: torch.device, budget_gib: float) -> None:
     torch.cuda.set_per_process_memory_fraction(min(1.0, budget_gib * GIB / total), device)
 
 
-def lift_memory_budget(strategy: Any) -> None:
+def lift_memory_budget(strategy: BudgetedStrategy) -> None:
     """Undo :func:`apply_memory_budget`'s cap on the process's GPU memory (the strategy's ``teardown``): the cap is
     process-wide, and a later run in the same process must not inherit it."""
     device = strategy.root_device
@@ -122,12 +123,13 @@ def check_model_states_fit(
     )
 
 
-def apply_memory_budget(strategy: Any, backend: str, model: nn.Module | None = None) -> None:
+def apply_memory_budget(strategy: BudgetedStrategy, backend: str, model: nn.Module | None = None) -> None:
     """Apply ``strategy.zero.memory_budget_gib`` (when set) for the model being set up; called from ``setup``."""
     budget_gib = strategy.zero.memory_budget_gib
     if budget_gib is None:
         return
     module = model if model is not None else strategy.model
+    assert module is not None, "the budget is applied once the model exists"
     devices = strategy.num_processes
     nodes = strategy.num_nodes
     states = check_model_states_fit(

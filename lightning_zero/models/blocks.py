@@ -14,13 +14,18 @@ from typing import Any
 from lightning.pytorch.utilities import rank_zero_info
 from torch import nn
 
-from lightning_zero.internals import CheckpointImpl, apply_activation_checkpointing, checkpoint_wrapper
+from lightning_zero.internals import (
+    CheckpointImpl,
+    apply_activation_checkpointing,
+    checkpoint_wrapper,
+    no_split_module_names,
+)
 
 
 def _hugging_face_block_names(model: nn.Module) -> set[str]:
     names: set[str] = set()
     for module in model.modules():
-        names.update(getattr(module, "_no_split_modules", None) or ())
+        names.update(no_split_module_names(module))
     return names
 
 

@@ -9,6 +9,7 @@ from torch import nn
 from transformers import AutoConfig, AutoTokenizer, PreTrainedTokenizerBase
 
 from lightning_zero.errors import ZeroConfigError
+from lightning_zero.internals import auto_class_model_classes
 from lightning_zero.models.shapes import is_shape, shape_config
 from lightning_zero.models.source import resolve_pretrained
 
@@ -52,4 +53,4 @@ def import_model_class(auto_class: Any, source: str) -> type[nn.Module] | None:
     before ``configure_model``.
     """
     config = shape_config(source) if is_shape(source) else AutoConfig.from_pretrained(resolve_pretrained(source))
-    return auto_class._model_mapping.get(type(config), None)
+    return auto_class_model_classes(auto_class).get(type(config), None)

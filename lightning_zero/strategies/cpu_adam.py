@@ -9,13 +9,13 @@ with the same hyper-parameters.
 
 from __future__ import annotations
 
-import functools
 from typing import Any
 
 import torch
 from lightning.pytorch.utilities import rank_zero_info
 from torch.optim import Optimizer
 
+from lightning_zero.internals import track_steps_for_scheduler
 from lightning_zero.runtime.ops import wait_for_op
 from lightning_zero.strategies.deepspeed_config import DeepSpeedZeroConfig
 
@@ -115,12 +115,4 @@ def rebind_scheduler(scheduler: Any, optimizer: Optimizer) -> None:
     the optimizer stepped before it.
     """
     scheduler.optimizer = optimizer
-    step = optimizer.step
-
-    @functools.wraps(step)
-    def tracked_step(*args: Any, **kwargs: Any) -> Any:
-        optimizer._opt_called = True  # type: ignore[attr-defined]
-        return step(*args, **kwargs)
-
-    tracked_step._wrapped_by_lr_sched = True  # type: ignore[attr-defined]
-    optimizer.step = tracked_step  # type: ignore[method-assign]
+    track_steps_for_scheduler(optimizer)

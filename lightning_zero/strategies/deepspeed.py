@@ -28,10 +28,14 @@ from torch.optim import Optimizer
 from torchmetrics import Metric
 
 from lightning_zero.checkpoint.strategy import SafeCheckpoints
+from lightning_zero.checkpoint.weights_only import load_into_deepspeed
 from lightning_zero.errors import ZeroConfigError
-from lightning_zero.internals import init_optimizers_and_schedulers
-from lightning_zero.memory.budget import apply_memory_budget, lift_memory_budget
-from lightning_zero.models.blocks import prepare_blocks
+from lightning_zero.internals import (
+    attached_trainer,
+    init_optimizers_and_schedulers,
+    zero3_consolidated_state_dict,
+    zero3_gradient_hooks,
+)
 from lightning_zero.runtime.ops import wait_for_op
 from lightning_zero.runtime.watchdog import WatchedRanks, end_process_groups
 from lightning_zero.strategies import cpu_adam
@@ -43,6 +47,7 @@ from lightning_zero.strategies.deepspeed_settings import (
     config_change_error,
 )
 from lightning_zero.strategies.launch_checks import preflight_launcher
+from lightning_zero.strategies.shared import ShardedSetup
 
 if TYPE_CHECKING:
     import deepspeed
@@ -88,7 +93,7 @@ def release_engine(engine: deepspeed.DeepSpeedEngine, zero_stage_3: bool) -> Non
     if not zero_stage_3:
         engine.destroy()
         return
-    for hook in getattr(engine.optimizer, "_grad_acc_hooks", ()):  # none after `validate` or `predict` alone
+    for hook in zero3_gradient_hooks(engine.optimizer):
         hook.remove()
 
 
@@ -213,7 +218,7 @@ class _DeepSpeedOnCpu(DeepSpeedStrategy):
         return initialize_engine(model, config, self._device_rank, optimizer, lr_scheduler, parameters)
 
 
-class DeepSpeedZeroStrategy(WatchedRanks, SafeCheckpoints, _DeepSpeedOnCpu):
+class DeepSpeedZeroStrategy(ShardedSetup, WatchedRanks, SafeCheckpoints, _DeepSpeedOnCpu):
     """ZeRO stages 0-3 with optional CPU/NVMe offload, through DeepSpeed (also known as ``ZeroStrategy``).
 
     Args:
@@ -234,6 +239,7 @@ class DeepSpeedZeroStrategy(WatchedRanks, SafeCheckpoints, _DeepSpeedOnCpu):
 
     #: The registered name that builds this class with its defaults (stage 2).
     strategy_name = "zero2"
+    zero_backend = "deepspeed"
 
     # LightningCLI reads this signature: the parameters it shares with the other strategies stay spelled out.
     def __init__(
@@ -303,9 +309,8 @@ class DeepSpeedZeroStrategy(WatchedRanks, SafeCheckpoints, _DeepSpeedOnCpu):
         self._launcher = preflight_launcher(self._launcher)
 
     def setup(self, trainer: Any) -> None:
-        apply_memory_budget(self, "deepspeed")
-        assert self.model is not None
-        prepare_blocks(self.model, self.zero.activation_checkpointing, self.zero.compile_blocks)
+        self.apply_memory_budget()
+        self.prepare_blocks()
         super().setup(trainer)
         if self.zero_stage_3:
             assert self.lightning_module is not None
@@ -335,7 +340,6 @@ class DeepSpeedZeroStrategy(WatchedRanks, SafeCheckpoints, _DeepSpeedOnCpu):
 
             unset_hf_deepspeed_config()
             self._transformers_zero3 = None
-        lift_memory_budget(self)
         super().teardown()
 
     def _initialize_deepspeed_inference(self, model: Module) -> None:
@@ -373,7 +377,7 @@ class DeepSpeedZeroStrategy(WatchedRanks, SafeCheckpoints, _DeepSpeedOnCpu):
 
     def _trainer_values(self) -> TrainerValues:
         module = self.lightning_module
-        if module is None or module._trainer is None:
+        if module is None or attached_trainer(module) is None:
             return TrainerValues(micro_batch_size=1)
         trainer = module.trainer
         return TrainerValues(
@@ -388,11 +392,12 @@ class DeepSpeedZeroStrategy(WatchedRanks, SafeCheckpoints, _DeepSpeedOnCpu):
         assert self.lightning_module is not None
         if not self.zero_stage_3:
             return self.lightning_module.state_dict()
-        state = self.deepspeed_engine._zero3_consolidated_16bit_state_dict()
+        state = zero3_consolidated_state_dict(self.deepspeed_engine)
         return state if state is not None else {}
 
-    def checkpoint_identity(self) -> tuple[str, int]:
-        return "deepspeed", self.zero.stage
+    def load_consolidated_weights(self, module: Module, state_dict: dict[str, Any]) -> None:
+        # The engine is set up before a checkpoint loads, and Lightning's `load_model_state_dict` does nothing here.
+        load_into_deepspeed(module, self.deepspeed_engine, state_dict, self.zero.stage)
 
 
 #: The documented name of :class:`DeepSpeedZeroStrategy`.

@@ -25,13 +25,16 @@ from lightning.fabric.plugins.collectives.torch_collective import default_pg_tim
 from lightning.pytorch.plugins.precision import MixedPrecision
 from lightning.pytorch.strategies import DDPStrategy
 from lightning.pytorch.trainer.states import TrainerFn
-from torch import Tensor
+from torch import Tensor, nn
 from torch.optim import Optimizer
 
 from lightning_zero.checkpoint.strategy import SafeCheckpoints
 from lightning_zero.errors import ZeroConfigError
-from lightning_zero.memory.budget import apply_memory_budget, lift_memory_budget
-from lightning_zero.models.blocks import prepare_blocks
+from lightning_zero.internals import (
+    sharded_bucket_parameter_ids,
+    unwrap_lightning_optimizer,
+    wait_for_sharded_reductions,
+)
 from lightning_zero.runtime.devices import broadcast_module_states, optimizers_to_device
 from lightning_zero.runtime.watchdog import WatchedRanks
 from lightning_zero.strategies.cpu_adam import rebind_scheduler
@@ -42,6 +45,7 @@ from lightning_zero.strategies.fairscale_config import (
     oss_options,
     sharded_ddp_options,
 )
+from lightning_zero.strategies.shared import ShardedSetup
 
 if TYPE_CHECKING:
     import lightning.pytorch as pl
@@ -58,7 +62,7 @@ def require_fairscale() -> None:
         raise ZeroConfigError(FAIRSCALE_MISSING) from None
 
 
-class FairScaleStrategy(WatchedRanks, SafeCheckpoints, DDPStrategy):
+class FairScaleStrategy(ShardedSetup, WatchedRanks, SafeCheckpoints, DDPStrategy):
     """ZeRO stage 1 (OSS + DDP) or 2 (OSS + ShardedDataParallel) through FairScale.
 
     Args:
@@ -73,6 +77,8 @@ class FairScaleStrategy(WatchedRanks, SafeCheckpoints, DDPStrategy):
 
     #: The registered name that builds this class with its defaults (stage 2).
     strategy_name = "zero2_fairscale"
+    zero_backend = "fairscale"
+    zero: FairScaleZeroConfig
 
     # LightningCLI reads this signature: the parameters it shares with the other strategies stay spelled out.
     def __init__(
@@ -107,12 +113,12 @@ class FairScaleStrategy(WatchedRanks, SafeCheckpoints, DDPStrategy):
     def setup(self, trainer: pl.Trainer) -> None:
         """DDPStrategy's set-up, but the optimizers are sharded before the model is wrapped (SDP needs them)."""
         assert self.accelerator is not None and self.model is not None
-        apply_memory_budget(self, "fairscale")
+        self.apply_memory_budget()
         self.accelerator.setup(trainer)
         fitting = trainer.state.fn == TrainerFn.FITTING
         if fitting and self._layer_sync:
             self.model = self._layer_sync.apply(self.model)
-        prepare_blocks(self.model, self.zero.activation_checkpointing, self.zero.compile_blocks)
+        self.prepare_blocks()
         self.precision_plugin.convert_module(self.model)
         self.model_to_device()
         if fitting:
@@ -173,13 +179,13 @@ class FairScaleStrategy(WatchedRanks, SafeCheckpoints, DDPStrategy):
         module = self.lightning_module
         if wrapper is not None and module is not None and not module.automatic_optimization:
             # ShardedDataParallel waits only at the end of the first backward pass after a forward.
-            wrapper._consume_work_handles()
+            wait_for_sharded_reductions(wrapper)
 
     def optimizer_state(self, optimizer: Optimizer) -> dict[str, Any]:
         """The whole optimizer state on rank 0 (gathered from every rank's shard), ``{}`` elsewhere; collective."""
         from fairscale.optim import OSS
 
-        inner = getattr(optimizer, "_optimizer", optimizer)
+        inner = unwrap_lightning_optimizer(optimizer)
         if not isinstance(inner, OSS):
             return super().optimizer_state(optimizer)
         inner.consolidate_state_dict(recipient_rank=0)
@@ -193,11 +199,10 @@ class FairScaleStrategy(WatchedRanks, SafeCheckpoints, DDPStrategy):
     def teardown(self) -> None:
         if self.sharded_ddp is not None:
             self.model = self.lightning_module
-        lift_memory_budget(self)
         super().teardown()
 
-    def checkpoint_identity(self) -> tuple[str, int]:
-        return "fairscale", self.zero.stage
+    def load_consolidated_weights(self, module: nn.Module, state_dict: dict[str, Any]) -> None:
+        """Nothing before Lightning's ``load_model_state_dict``, which loads them: every rank holds all parameters."""
 
 
 def to_oss(optimizer: Optimizer, config: FairScaleZeroConfig) -> OSS:
@@ -226,7 +231,7 @@ def _zero_grad_through(wrapper: Any, optimizer: OSS) -> Any:
     """
 
     def zero_grad(set_to_none: bool = True) -> None:
-        bucketed = {param_id for bucket in wrapper._bucket_list for param_id in bucket._param_ids}
+        bucketed = sharded_bucket_parameter_ids(wrapper)
         for group in optimizer.param_groups:
             for parameter in group["params"]:
                 if parameter.grad is None:
@@ -241,7 +246,7 @@ def _zero_grad_through(wrapper: Any, optimizer: OSS) -> Any:
 
 def _clip_grad_by_norm(optimizer: Optimizer, clip_val: float) -> None:
     """Clip by the norm over all ranks' gradient shards (a local ``clip_grad_norm_`` would see only some)."""
-    inner = getattr(optimizer, "_optimizer", optimizer)
+    inner = unwrap_lightning_optimizer(optimizer)
     clip = getattr(inner, "clip_grad_norm", None)
     if clip is None:
         parameters = [p for group in inner.param_groups for p in group["params"]]

@@ -26,14 +26,15 @@ from lightning.pytorch.utilities import rank_zero_info
 from torch import nn
 
 from lightning_zero.checkpoint.strategy import SafeCheckpoints
+from lightning_zero.checkpoint.weights_only import load_into_fsdp2
 from lightning_zero.errors import ZeroConfigError
 from lightning_zero.internals import materialize_meta_module
-from lightning_zero.memory.budget import apply_memory_budget, lift_memory_budget
-from lightning_zero.models.blocks import prepare_blocks, transformer_blocks
+from lightning_zero.models.blocks import transformer_blocks
 from lightning_zero.runtime.devices import optimizers_to_device
 from lightning_zero.runtime.watchdog import WatchedRanks
 from lightning_zero.strategies import cpu_adam
 from lightning_zero.strategies.fsdp2_config import FSDP2ZeroConfig, fully_shard_options
+from lightning_zero.strategies.shared import ShardedSetup
 
 if TYPE_CHECKING:
     import lightning.pytorch as pl
@@ -41,7 +42,7 @@ if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
 
 
-class FSDP2Strategy(WatchedRanks, SafeCheckpoints, ModelParallelStrategy):
+class FSDP2Strategy(ShardedSetup, WatchedRanks, SafeCheckpoints, ModelParallelStrategy):
     """ZeRO stage 2 or 3, optionally with CPU offload, through FSDP2, with no model code changes.
 
     Args:
@@ -56,6 +57,8 @@ class FSDP2Strategy(WatchedRanks, SafeCheckpoints, ModelParallelStrategy):
 
     #: The registered name that builds this class with its defaults (stage 3).
     strategy_name = "zero3_fsdp"
+    zero_backend = "fsdp2"
+    zero: FSDP2ZeroConfig
 
     # LightningCLI reads this signature: the parameters it shares with the other strategies stay spelled out.
     def __init__(
@@ -98,11 +101,11 @@ class FSDP2Strategy(WatchedRanks, SafeCheckpoints, ModelParallelStrategy):
     def setup(self, trainer: pl.Trainer) -> None:
         """ModelParallelStrategy's set-up, with the sharding that it expects from ``configure_model`` done here."""
         assert self.accelerator is not None and self.model is not None
-        apply_memory_budget(self, "fsdp2")
+        self.apply_memory_budget()
         self.accelerator.setup(trainer)
         self.model = self.precision_plugin.convert_module(self.model)
         if not _is_sharded(self.model):
-            prepare_blocks(self.model, self.zero.activation_checkpointing, self.zero.compile_blocks)
+            self.prepare_blocks()
             count = shard_module(self.model, self.device_mesh["data_parallel"], self._shard_options)
             rank_zero_info(f"FSDP2 stage {self.zero.stage}: {count} modules sharded.")
         materialize_meta_module(self.model, self.root_device)
@@ -116,10 +119,6 @@ class FSDP2Strategy(WatchedRanks, SafeCheckpoints, ModelParallelStrategy):
         self.setup_precision_plugin()
         if fitting and not self.offloads:
             optimizers_to_device(self.optimizers, self.root_device)
-
-    def teardown(self) -> None:
-        lift_memory_budget(self)
-        super().teardown()
 
     def _fuse_offloaded_adam(self) -> None:
         """Plain torch Adam/AdamW optimizers with no loop chosen (``foreach``/``fused``) become fused ones, their LR
@@ -154,8 +153,8 @@ class FSDP2Strategy(WatchedRanks, SafeCheckpoints, ModelParallelStrategy):
         state = get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
         return state if self.is_global_zero else {}
 
-    def checkpoint_identity(self) -> tuple[str, int]:
-        return "fsdp2", self.zero.stage
+    def load_consolidated_weights(self, module: nn.Module, state_dict: dict[str, Any]) -> None:
+        load_into_fsdp2(module, state_dict)
 
 
 def shard_module(module: nn.Module, mesh: DeviceMesh, options: Any) -> int:
@@ -196,4 +195,4 @@ def _move_buffers(module: nn.Module, device: torch.device) -> None:
     for submodule in module.modules():
         for name, buffer in submodule.named_buffers(recurse=False):
             if buffer.device != device:
-                submodule._buffers[name] = buffer.to(device)
+                setattr(submodule, name, buffer.to(device))  # Module.__setattr__ replaces the registered buffer

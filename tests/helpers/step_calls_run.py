@@ -4,10 +4,11 @@
 
 One CPU process trains the tiny GPT-2 for a few steps under each of :data:`CONFIGS` (``zero2`` with and without
 activation checkpointing, ``zero3``, ``zero2`` with the optimizer on the CPU) twice: through
-:class:`DeepSpeedZeroStrategy`, and through Lightning's ``DeepSpeedStrategy`` (as our CPU-capable base class, with
-no lightning-zero code on the step path) given the same resolved DeepSpeed config, with checkpointing switched on
-in the model by hand and DeepSpeed's CPU Adam created in the module, as a Lightning user would. ``cProfile``
-counts every Python call of the profiled steps: a count, unlike a time, does not depend on the machine's load.
+:class:`DeepSpeedZeroStrategy`, and through Lightning's own ``DeepSpeedStrategy`` class given the same resolved
+DeepSpeed config, with checkpointing switched on in the model by hand and DeepSpeed's CPU Adam created in the
+module, as a Lightning user would. Lightning's class refuses a CPU at set-up: :func:`lightning_deepspeed_on_cpu`
+lifts that one check, for this script only. ``cProfile`` counts every Python call of the profiled steps: a count,
+unlike a time, does not depend on the machine's load.
 """
 
 from __future__ import annotations
@@ -17,15 +18,20 @@ import cProfile
 import json
 import pstats
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import lightning as L
+import torch
+from lightning.pytorch.strategies import DDPStrategy, DeepSpeedStrategy
 
 from benchmarks.bench.main import for_lightning
-from lightning_zero.strategies.deepspeed import DeepSpeedZeroStrategy, _DeepSpeedOnCpu
+from lightning_zero.strategies.deepspeed import DeepSpeedZeroStrategy
 from lightning_zero.strategies.deepspeed_config import DeepSpeedZeroConfig, TrainerValues
 from lightning_zero.strategies.deepspeed_settings import DeepSpeedSettings
 from tests.helpers.tiny import TinyLM
@@ -73,20 +79,48 @@ CONFIGS: dict[str, dict[str, Any]] = {
 }
 
 
+@contextmanager
+def lightning_deepspeed_on_cpu() -> Iterator[None]:
+    """Lightning's ``DeepSpeedStrategy`` as it is, but for the check in its ``setup_environment`` that refuses any
+    accelerator but CUDA, and with DeepSpeed's CPU accelerator while it runs.
+
+    The rest of its set-up runs unchanged when the strategy is given the device ``cpu:0``: the device index it
+    checks and passes to ``deepspeed.initialize`` is then 0, the local rank of this one process.
+    """
+    from deepspeed.accelerator import get_accelerator, set_accelerator
+    from deepspeed.accelerator.cpu_accelerator import CPU_Accelerator
+
+    replaced = get_accelerator()
+    set_accelerator(CPU_Accelerator())
+    try:
+        with mock.patch.object(DeepSpeedStrategy, "setup_environment", DDPStrategy.setup_environment):
+            yield
+    finally:
+        set_accelerator(replaced)
+
+
 def calls_per_step(ours: bool, fields: dict[str, Any]) -> float:
     zero = DeepSpeedZeroConfig(**fields)
     module = CpuAdamLM(scheduler=False) if zero.offloads and not ours else TinyLM(scheduler=False)
     if ours:
-        strategy: Any = DeepSpeedZeroStrategy(zero=zero)
-    else:
-        values = TrainerValues(micro_batch_size=4, precision="32-true")
-        settings = DeepSpeedSettings.from_zero(zero).with_trainer(values)
-        strategy = _DeepSpeedOnCpu(config=for_lightning(settings.deepspeed_dict()))
-        if zero.activation_checkpointing:
-            module.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        return profiled_fit(DeepSpeedZeroStrategy(zero=zero), module)
+    values = TrainerValues(micro_batch_size=4, precision="32-true")
+    settings = DeepSpeedSettings.from_zero(zero).with_trainer(values)
+    strategy = DeepSpeedStrategy(
+        config=for_lightning(settings.deepspeed_dict()), parallel_devices=[torch.device("cpu", 0)]
+    )
+    if zero.activation_checkpointing:
+        module.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    with lightning_deepspeed_on_cpu():
+        return profiled_fit(strategy, module)
+
+
+def profiled_fit(strategy: Any, module: L.LightningModule) -> float:
+    """Python calls per profiled step of fitting ``module`` under ``strategy`` in this process."""
     profile = StepProfile()
     trainer = quiet_trainer(devices=1, strategy=strategy, max_steps=max(PROFILED) + 2, callbacks=[profile])
     trainer.fit(module)
+    assert trainer.strategy is strategy
     return profile.calls_per_step()
 
 
