@@ -173,7 +173,8 @@ class Controller(L.Callback):
 
     def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
         if isinstance(exception, torch.OutOfMemoryError):
-            where = "".join(traceback.format_exception(exception))[-1500:]
+            text = "".join(traceback.format_exception(exception))  # a chained error's cause comes first
+            where = text if len(text) <= 4000 else f"{text[:2500]}\n...\n{text[-1500:]}"
             self.record_memory("oom", batch=self.batch, where=where)
             os._exit(EXIT_OOM)
         self.record(event="error", batch=self.batch, error=traceback.format_exc()[-3000:])

@@ -357,10 +357,8 @@ class ZeroAutoStrategy(ZeroStrategy):
         resident = next((p.device for p in module.parameters()), torch.device("cpu"))
         module.to("cpu")
         torch.cuda.empty_cache()
-        try:
-            yield
-        finally:
-            module.to(resident)
+        yield  # on an error the module stays on the host: moving it back could hide the error behind an OOM
+        module.to(resident)
 
     def _engine_dtype(self) -> torch.dtype:
         """The dtype DeepSpeed converts the module to for the run's precision (fp32 when it does not)."""
