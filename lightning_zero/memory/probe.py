@@ -125,9 +125,11 @@ def _saved_bytes(
     counter = _SavedBytes(parameters=parameters, blocks=transformer_blocks(model))
     with counter.recording(), _autocast(device, precision):
         loss = loss_fn(batch)
+    totals = counter.totals()
+    del counter  # it holds every saved storage: backward must be able to free each as it goes
     loss.backward()
     model.zero_grad(set_to_none=True)
-    return counter.totals()
+    return totals
 
 
 def _cuda_peak(model: nn.Module, loss_fn: LossFn, batch: Any, precision: str, device: torch.device) -> int:
