@@ -203,14 +203,15 @@ def set_cuda_allocator_settings(settings: str) -> None:
 
 
 @contextlib.contextmanager
-def abstract_tensors() -> Iterator[None]:
+def abstract_tensors() -> Iterator[Callable[[Any], Any]]:
     """Inside, new tensors (a model built, its forward run) have shapes, dtypes and storages but no memory and no
-    values; real tensors passed in become such tensors. An operation whose output shape depends on values raises a
-    ``RuntimeError``."""
+    values; a real tensor used inside stands for itself as such a tensor, the one the function yielded gives for it.
+    An operation whose output shape depends on values raises a ``RuntimeError``."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    with FakeTensorMode(allow_non_fake_inputs=True):
-        yield
+    mode = FakeTensorMode(allow_non_fake_inputs=True)
+    with mode:
+        yield mode.from_tensor
 
 
 def empty_pinned_host_cache() -> None:

@@ -227,7 +227,7 @@ def upstream_private_accesses() -> dict[tuple[str, str], list[int]]:
 
 def test_every_private_upstream_attribute_used_outside_internals_is_registered() -> None:
     accessed = upstream_private_accesses()
-    unregistered = {pair: lines for pair, lines in accessed.items() if pair not in ACCESSED.keys()}
+    unregistered = {pair: lines for pair, lines in accessed.items() if pair not in ACCESSED}
     assert unregistered == {}, "move the access into lightning_zero/internals.py, or add it to internals.ACCESSED"
     assert sorted(ACCESSED.keys() - accessed.keys()) == []  # no stale registrations
     assert sorted(set(ACCESSED.values()) - RELIED_ON.keys()) == []

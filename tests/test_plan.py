@@ -10,6 +10,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+import lightning as L
 import pytest
 import torch
 from torch import nn
@@ -239,3 +240,31 @@ def test_the_llama_configs_plan_with_abstract_tensors_in_little_host_memory(plan
     assert planned_configs["peak_rss_bytes"] <= 4 * 2**30
     fits = {name: (fits, largest) for name, fits, largest in small["rows"]}
     assert fits["zero3_offload+ckpt"][1] >= 1 and fits["ddp"][1] == 0  # 3B in 24 GiB: offload yes, plain DDP no
+
+
+class QuietLM(L.LightningModule):
+    """The tiny GPT-2 of :class:`TinyLM`, whose training step returns the loss and records nothing."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.model = TinyLM().model
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        return self.model(input_ids=batch, labels=batch).loss
+
+
+def test_an_abstract_copy_saves_what_the_module_saves() -> None:
+    """zero_auto's probe on CUDA counts the saved bytes of an abstract copy of the module (no memory), parameters
+    left out: the same count as the module's, which keeps its values and gets no gradient."""
+    from lightning_zero.auto.trials import copy_of
+    from lightning_zero.internals import abstract_tensors
+    from lightning_zero.runtime.batches import training_loss
+
+    module = QuietLM()
+    batch = torch.randint(0, 64, (2, 16))
+    before = [p.clone() for p in module.parameters()]
+    with abstract_tensors():
+        counted = copy_of(module, None)
+        abstract = probe.saved_bytes_lines(counted, training_loss(counted), batch)
+    assert abstract == probe.saved_bytes_lines(module, training_loss(module), batch) and abstract[0][0] > 0
+    assert all(torch.equal(a, b) for a, b in zip(before, module.parameters(), strict=True))
