@@ -33,7 +33,7 @@ from safetensors.torch import load_file
 from lightning_zero.checkpoint.atomic import PARTIAL_SUFFIX
 from lightning_zero.checkpoint.consolidate import consolidate
 from lightning_zero.checkpoint.manifest import Manifest, ModelSignature, read_manifest
-from lightning_zero.checkpoint.reshard import NATIVE, UNIVERSAL, WEIGHTS_ONLY, resume_route
+from lightning_zero.checkpoint.reshard import NATIVE, UNIVERSAL, UNIVERSAL_SUFFIX, WEIGHTS_ONLY, resume_route
 from lightning_zero.checkpoint.resume import ExactResume, fix_epoch_end_loop_state
 from lightning_zero.checkpoint.validate import check_checkpoint
 from lightning_zero.cli import main
@@ -291,26 +291,88 @@ def test_the_cross_resume_check_fails_when_optimizer_state_is_dropped(crossed: P
     assert max_difference(result["state_dict"], reference["state_dict"]) > 10 * CROSS_TOLERANCE["weight"]
 
 
+#: ``grouped`` sources (2 processes, two parameter groups) and the ``SOURCE>TARGET`` resumes of their step-10
+#: checkpoint on 2 processes (another stage, offload on either side) and on 1 process (another size too).
+GROUPED_SOURCES = ["zero2", "zero3", "zero2_offload", "zero3_offload"]
+SAME_SIZE = ["zero2>zero3", "zero3>zero2", "zero3>zero1", "zero3_offload>zero2_offload", "zero2_offload>zero3_offload"]
+RESIZED = ["zero3>zero3", "zero3>zero2", "zero3_offload>zero3_offload", "zero3_offload>zero1", "zero2_offload>zero3"]
+
+
 @pytest.fixture(scope="module")
 def regrouped(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("regrouped")
-    runs = ["grouped:zero2", "grouped-cross:zero2>zero3"]
+    runs = [*(f"grouped:{name}" for name in GROUPED_SOURCES), *(f"grouped-cross:{pair}" for pair in SAME_SIZE)]
     run_script(RUNNER, str(out), "--devices", "2", "--steps", str(STEPS), "--every", str(EVERY), "--runs", *runs)
     return out
 
 
-# The same 2 processes and batches under another stage: only the order of float32 sums may differ (measured: equal
-# losses and weights here; 2.5e-8 on a tiny DeBERTa through the CLI). Before each group got its own weight decay
-# and its own Adam step back after DeepSpeed's ZeRO-3 universal load, weights ended 4.5e-3 off.
+@pytest.fixture(scope="module")
+def resized(regrouped: Path) -> tuple[Path, dict[str, int]]:
+    """The 1-process resumes, after the 2-process ones converted every source once; with the inode of each
+    source's universal form before this launch (a second resume must reuse it, not convert again)."""
+    universal = {source: universal_of(regrouped, source).stat().st_ino for source in _sources(RESIZED)}
+    runs = [f"grouped-cross:{pair}" for pair in RESIZED]
+    run_script(RUNNER, str(regrouped), "--devices", "1", "--steps", str(STEPS), "--every", str(EVERY), "--runs", *runs)
+    return regrouped, universal
+
+
+def _sources(pairs: list[str]) -> list[str]:
+    return sorted({pair.split(">")[0] for pair in pairs})
+
+
+def universal_of(directory: Path, source: str) -> Path:
+    return directory / f"ckpt-grouped-{source}" / f"epoch=1-step={2 * EVERY}.ckpt{UNIVERSAL_SUFFIX}"
+
+
+def grouped_result(directory: Path, pair: str, devices: int) -> tuple[dict[str, Any], dict[str, Any]]:
+    source = pair.split(">")[0]
+    reference = torch.load(directory / f"grouped-{source}.pt", weights_only=False)
+    name = f"{pair.replace('>', '-to-')}-x{devices}"
+    return torch.load(directory / f"grouped-cross-{name}.pt", weights_only=False), reference
+
+
+# The same 2 processes and batches under another stage, with the same Adam (torch's, or DeepSpeed's CPU Adam on both
+# sides): only the order of float32 sums may differ (measured: equal losses and weights for every pair here; 2.5e-8
+# on a tiny DeBERTa through the CLI). Before each group got its own weight decay and its own Adam step back after
+# DeepSpeed's ZeRO-3 universal load, weights ended 4.5e-3 off.
 REGROUPED_TOLERANCE = 1e-6
 
 
-def test_a_stage_change_resumes_every_parameter_group_exactly(regrouped: Path) -> None:
-    reference = torch.load(regrouped / "grouped-zero2.pt", weights_only=False)
-    result = torch.load(regrouped / "grouped-cross-zero2-to-zero3.pt", weights_only=False)
+@pytest.mark.parametrize("pair", SAME_SIZE)
+def test_a_stage_change_resumes_every_parameter_group_exactly(regrouped: Path, pair: str) -> None:
+    result, reference = grouped_result(regrouped, pair, 2)
     losses = torch.tensor(reference["losses"][2 * EVERY :])
     torch.testing.assert_close(torch.tensor(result["losses"]), losses, atol=REGROUPED_TOLERANCE, rtol=0)
     assert max_difference(result["state_dict"], reference["state_dict"]) <= REGROUPED_TOLERANCE
+
+
+@pytest.mark.parametrize("pair", RESIZED)
+def test_a_size_change_follows_the_uninterrupted_run(resized: tuple[Path, dict[str, int]], pair: str) -> None:
+    result, reference = grouped_result(resized[0], pair, 1)
+    losses = torch.tensor(reference["losses"][2 * EVERY :])
+    torch.testing.assert_close(torch.tensor(result["losses"]), losses, atol=CROSS_TOLERANCE["loss"], rtol=0)
+    assert max_difference(result["state_dict"], reference["state_dict"]) <= CROSS_TOLERANCE["weight"]
+
+
+@pytest.mark.parametrize(("pair", "devices"), [*((pair, 2) for pair in SAME_SIZE), *((pair, 1) for pair in RESIZED)])
+def test_the_loaded_optimizer_state_is_the_sources_to_the_bit(
+    resized: tuple[Path, dict[str, int]], pair: str, devices: int
+) -> None:
+    """Every parameter's fp32 master weights and Adam moments, gathered by name on the target as training starts,
+    equal the source's gathered at its save; so do each group's hyper-parameters and the step counts."""
+    directory, source = resized[0], pair.split(">")[0]
+    saved = torch.load(directory / f"optimizer-saved-{source}.pt", weights_only=False)
+    loaded = torch.load(directory / f"optimizer-loaded-{pair.replace('>', '-to-')}-x{devices}.pt", weights_only=False)
+    assert saved["tensors"].keys() == loaded["tensors"].keys()
+    assert [key for key in saved["tensors"] if not torch.equal(saved["tensors"][key], loaded["tensors"][key])] == []
+    assert loaded["groups"] == saved["groups"] and saved["groups"][0] != saved["groups"][1]
+    assert loaded["steps"] == saved["steps"] == [2 * EVERY]
+
+
+def test_the_universal_conversion_is_made_once_and_reused(resized: tuple[Path, dict[str, int]]) -> None:
+    directory, before = resized
+    assert {source: universal_of(directory, source).stat().st_ino for source in before} == before
+    assert not list(directory.glob(f"ckpt-grouped-*/*{PARTIAL_SUFFIX}"))
 
 
 # Weights-only: the first resumed step runs the saved weights on the same samples, so its loss equals the
@@ -362,7 +424,8 @@ def manifest_of(backend: str, stage: int, world_size: int) -> Manifest:
         (("fsdp2", 3, 2), ("fsdp2", 2, 1), NATIVE),
         (("fairscale", 2, 2), ("fairscale", 1, 1), NATIVE),
         (("deepspeed", 2, 2), ("deepspeed", 3, 1), UNIVERSAL),
-        (("deepspeed", 3, 2), ("deepspeed", 3, 1), WEIGHTS_ONLY),
+        (("deepspeed", 3, 2), ("deepspeed", 3, 1), UNIVERSAL),
+        (("deepspeed", 3, 2), ("deepspeed", 1, 2), UNIVERSAL),
         (("fsdp2", 3, 2), ("deepspeed", 2, 1), WEIGHTS_ONLY),
         (("deepspeed", 3, 2), ("fsdp2", 3, 2), WEIGHTS_ONLY),
     ],

@@ -2,15 +2,15 @@
 
 * FSDP2 -> FSDP2 (any world size, stage 2 <-> 3, offload or not): ``torch.distributed.checkpoint`` re-shards
   model and optimizer state by itself.
-* DeepSpeed stage 1/2 -> stage 1/2/3 at another world size or stage: the checkpoint is converted once into
-  DeepSpeed's universal format (``deepspeed.checkpoint.ds_to_universal``, written next to it as ``X.universal``)
-  and loaded with ``load_universal``; optimizer state included. For a stage-3 reader, two things DeepSpeed 0.19's
-  converter does not write for a stage-1/2 source are added: the model states under ZeRO-3's file name, and the
-  optimizer's step and hyper-parameters under ``optimizer_state_dict``; after the load, two slips of its
-  ZeRO-3 loader are undone (:func:`repair_stage3_universal_load`).
-* Anything else -- a DeepSpeed stage-3 source with any change (its universal conversion is not tried here), or
-  another backend -- resumes from the consolidated weights and the loop position with a fresh optimizer, and
-  warns once (``weights_only``).
+* DeepSpeed, any stage, offload or not -> any stage at another world size or stage: the checkpoint is converted
+  once into DeepSpeed's universal format (``deepspeed.checkpoint.ds_to_universal``, written next to it as
+  ``X.universal``) and loaded with ``load_universal``; optimizer state included. DeepSpeed 0.19's converter writes
+  what the reader of the source's own stage family reads; what the other family reads is added
+  (:func:`_add_stage3_reader_files` for a ZeRO-1/2 source, :func:`_add_stage12_reader_files` for a ZeRO-3 one), so
+  one converted folder serves every target. After the load, the slips of DeepSpeed's loaders are undone
+  (:func:`repair_universal_load`).
+* Another backend resumes from the consolidated weights and the loop position with a fresh optimizer, and warns
+  once (``weights_only``).
 """
 
 from __future__ import annotations
@@ -35,17 +35,15 @@ def resume_route(manifest: Manifest | None, backend: str, stage: int, world_size
         return NATIVE
     if manifest.backend == backend and backend != "deepspeed":
         return NATIVE  # FSDP2 re-shards through DCP; FairScale and DDP files hold the whole state
-    if manifest.backend == backend and manifest.stage <= 2:
+    if manifest.backend == backend:
         return UNIVERSAL
     return WEIGHTS_ONLY
 
 
 def why_not_carried(manifest: Manifest | None, backend: str) -> str:
     """Why the optimizer state of a :data:`WEIGHTS_ONLY` resume is not carried."""
-    if manifest is None or manifest.backend != backend:
-        written = "a checkpoint of unknown origin" if manifest is None else manifest.backend
-        return f"{written} and {backend} keep optimizer state in layouts that no maintained converter maps"
-    return "a DeepSpeed ZeRO-3 checkpoint resumes at another stage or world size through no route here yet"
+    written = "a checkpoint of unknown origin" if manifest is None else manifest.backend
+    return f"{written} and {backend} keep optimizer state in layouts that no maintained converter maps"
 
 
 def universal_checkpoint(path: Path) -> Path:
@@ -69,7 +67,10 @@ def universal_checkpoint(path: Path) -> Path:
         inject_missing_state=True,
     )
     ds_to_universal.main(options)
-    _add_stage3_reader_files(partial / tag)
+    if _is_stage3(path / tag):
+        _add_stage12_reader_files(path / tag, partial / tag)
+    else:
+        _add_stage3_reader_files(partial / tag)
     for name in ("latest", "latest_universal"):
         (partial / name).write_text(tag)
     fsync_tree(partial)
@@ -96,14 +97,75 @@ def _add_stage3_reader_files(tag_folder: Path) -> None:
     torch.save(state, path)
 
 
-def repair_stage3_universal_load(optimizer: Any, universal: Path) -> None:
-    """Undo two slips of DeepSpeed 0.19's ZeRO-3 universal loader, on ``optimizer`` (the torch optimizer it wraps).
+_STAGE3_MODEL_STATES = "zero_pp_rank_*_mp_rank_*_model_states.pt"
+_HP_KEYS = ("fp32", "exp_avg", "exp_avg_sq")
 
-    It gives every parameter group the first group's hyper-parameters, so parameters without weight decay get it
-    (deepspeedai/DeepSpeed#7585 handles several groups in the converter only); and it gives every sub-group's state
-    the same ``step`` tensor, which torch's Adam then advances once per sub-group at each step (bias correction of
-    step 6 after 5). Groups are in the order the module's ``configure_optimizers`` made them, as in the source.
-    """
+
+def _is_stage3(tag_folder: Path) -> bool:
+    """Whether a DeepSpeed checkpoint folder was written by ZeRO-3 (each rank writes its own model states)."""
+    return any(tag_folder.glob(_STAGE3_MODEL_STATES))
+
+
+def _add_stage12_reader_files(source: Path, tag_folder: Path) -> None:
+    """What DeepSpeed's ZeRO-1/2 universal loader reads and its converter does not write for a ZeRO-3 source: the
+    model states under ZeRO-1/2's file name with the full weights (ZeRO-3 saved empty placeholders), each
+    parameter's states as ``{"param": tensor}`` in its full shape with a ``step.pt`` beside them, and the DeepSpeed
+    version in the optimizer's common state (the ZeRO-3 loader reads both forms)."""
+    import torch
+    from deepspeed.checkpoint.constants import DS_VERSION, OPTIMIZER_STATE_DICT, PARAM, PARAM_SHAPES
+    from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+
+    model_states = sorted(source.glob(_STAGE3_MODEL_STATES))[0]
+    states = torch.load(model_states, map_location="cpu", weights_only=False)  # DeepSpeed's own file
+    full = get_fp32_state_dict_from_zero_checkpoint(str(source.parent), tag=source.name)
+    module = states["module"]
+    for name, tensor in full.items():
+        if name in module:
+            module[name] = tensor.to(module[name].dtype)
+    torch.save(states, tag_folder / model_states.name.removeprefix("zero_pp_rank_0_"))
+    folder = tag_folder / "zero"
+    common = torch.load(folder / "optimizer_state.pt", weights_only=False)
+    optimizer_file = next(iter(sorted(source.glob("*zero_pp_rank_0_*optim_states.pt"))))
+    common[DS_VERSION] = torch.load(optimizer_file, map_location="cpu", weights_only=False)[DS_VERSION]
+    torch.save(common, folder / "optimizer_state.pt")
+    step = common[OPTIMIZER_STATE_DICT]["state"][0]["step"]
+    shapes = {name: shape for group in states[PARAM_SHAPES] for name, shape in group.items()}
+    for name, shape in shapes.items():
+        for key in _HP_KEYS:
+            tensor = torch.load(folder / name / f"{key}.pt", weights_only=True)
+            torch.save({PARAM: tensor.view(shape)}, folder / name / f"{key}.pt")
+        torch.save(step, folder / name / "step.pt")
+
+
+def repair_universal_load(optimizer: Any, universal: Path, stage: int) -> None:
+    """After DeepSpeed loaded ``universal`` into ``optimizer`` (the torch optimizer its ZeRO optimizer wraps), undo
+    its loaders' slips: under ZeRO-3 each parameter group gets its own hyper-parameters back
+    (:func:`_restore_group_hyper_parameters`); and each state gets an Adam ``step`` of its own (the ZeRO-3 loader
+    shares one tensor, which torch's Adam then advances once per sub-group at each step: bias correction of step 6
+    after 5) in the type this optimizer counts in (a tensor for torch's Adam, an integer for DeepSpeed's CPU Adam;
+    the source may have used the other)."""
+    from deepspeed.ops.adam import DeepSpeedCPUAdam
+
+    if stage == 3:
+        _restore_group_hyper_parameters(optimizer, universal)
+    counts_in_int = isinstance(optimizer, DeepSpeedCPUAdam)
+    for state in optimizer.state.values():
+        if "step" in state:
+            step = float(state["step"])
+            state["step"] = int(step) if counts_in_int else _tensor(step)
+
+
+def _tensor(value: float) -> Any:
+    import torch
+
+    return torch.tensor(value, dtype=torch.float32)
+
+
+def _restore_group_hyper_parameters(optimizer: Any, universal: Path) -> None:
+    """Give each parameter group its own hyper-parameters back: DeepSpeed 0.19's ZeRO-3 universal loader gives every
+    group the first group's, so parameters without weight decay get it (deepspeedai/DeepSpeed#7585 handles several
+    groups in the converter only). Groups are in the order the module's ``configure_optimizers`` made them, as in
+    the source."""
     import torch
 
     tag = (universal / "latest_universal").read_text().strip()
@@ -113,6 +175,3 @@ def repair_stage3_universal_load(optimizer: Any, universal: Path) -> None:
         raise ValueError(f"the checkpoint has {len(saved)} parameter groups, this optimizer {len(groups)}")
     for group, saved_group in zip(groups, saved, strict=True):
         group.update({key: value for key, value in saved_group.items() if key != "params"})
-    for state in optimizer.state.values():
-        if isinstance(state.get("step"), torch.Tensor):
-            state["step"] = state["step"].clone()

@@ -14,7 +14,7 @@ from lightning_zero.checkpoint.reshard import (
     UNIVERSAL,
     UNIVERSAL_SUFFIX,
     WEIGHTS_ONLY,
-    repair_stage3_universal_load,
+    repair_universal_load,
     resume_route,
     universal_checkpoint,
     why_not_carried,
@@ -64,8 +64,7 @@ class SafeCheckpoints(_Strategy):
             return super().load_checkpoint(path, weights_only)
         universal = self._universal(path)
         checkpoint = super().load_checkpoint(universal, weights_only)
-        if stage == 3:
-            repair_stage3_universal_load(self.deepspeed_engine.optimizer.optimizer, universal)
+        repair_universal_load(self.deepspeed_engine.optimizer.optimizer, universal, stage)
         return checkpoint
 
     def _weights_only(self, path: Path, manifest: Manifest | None) -> dict[str, Any]:
