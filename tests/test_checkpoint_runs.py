@@ -57,9 +57,9 @@ STRATEGIES = [
     "zero3_offload_fsdp",
 ]
 STEPS, EVERY = 14, 5
-CROSS = ["zero2>zero2", "zero3_fsdp>zero2_fsdp", "zero2>zero3"]
+CROSS = ["zero2>zero2", "zero3_fsdp>zero2_fsdp", "zero2>zero3", "zero3_fsdp>zero2", "zero2>zero2_fsdp"]
 #: Pairs with no route that carries the optimizer state: they resume weights-only, with one warning.
-WEIGHTS_ONLY_CROSS = ["zero3_offload>ddp", "zero3_fsdp>zero2", "zero3_fsdp>zero3", "zero2>zero2_fsdp"]
+WEIGHTS_ONLY_CROSS = ["zero3_offload>ddp", "zero3_fsdp>ddp"]
 CROSS_SOURCES = sorted({pair.split(">")[0] for pair in CROSS + WEIGHTS_ONLY_CROSS})
 
 
@@ -293,9 +293,26 @@ def test_the_cross_resume_check_fails_when_optimizer_state_is_dropped(crossed: P
 
 #: ``grouped`` sources (2 processes, two parameter groups) and the ``SOURCE>TARGET`` resumes of their step-10
 #: checkpoint on 2 processes (another stage, offload on either side) and on 1 process (another size too).
-GROUPED_SOURCES = ["zero2", "zero3", "zero2_offload", "zero3_offload"]
-SAME_SIZE = ["zero2>zero3", "zero3>zero2", "zero3>zero1", "zero3_offload>zero2_offload", "zero2_offload>zero3_offload"]
-RESIZED = ["zero3>zero3", "zero3>zero2", "zero3_offload>zero3_offload", "zero3_offload>zero1", "zero2_offload>zero3"]
+GROUPED_SOURCES = ["zero2", "zero3", "zero2_offload", "zero3_offload", "zero3_fsdp"]
+SAME_SIZE = [
+    "zero2>zero3",
+    "zero3>zero2",
+    "zero3>zero1",
+    "zero3_offload>zero2_offload",
+    "zero2_offload>zero3_offload",
+    "zero3_fsdp>zero3",
+    "zero3_fsdp>zero2",
+    "zero3>zero2_fsdp",
+]
+RESIZED = [
+    "zero3>zero3",
+    "zero3>zero2",
+    "zero3_offload>zero3_offload",
+    "zero3_offload>zero1",
+    "zero2_offload>zero3",
+    "zero3_fsdp>zero3_offload",
+    "zero3>zero3_fsdp",
+]
 
 
 @pytest.fixture(scope="module")
@@ -426,8 +443,10 @@ def manifest_of(backend: str, stage: int, world_size: int) -> Manifest:
         (("deepspeed", 2, 2), ("deepspeed", 3, 1), UNIVERSAL),
         (("deepspeed", 3, 2), ("deepspeed", 3, 1), UNIVERSAL),
         (("deepspeed", 3, 2), ("deepspeed", 1, 2), UNIVERSAL),
-        (("fsdp2", 3, 2), ("deepspeed", 2, 1), WEIGHTS_ONLY),
-        (("deepspeed", 3, 2), ("fsdp2", 3, 2), WEIGHTS_ONLY),
+        (("fsdp2", 3, 2), ("deepspeed", 2, 1), UNIVERSAL),
+        (("deepspeed", 3, 2), ("fsdp2", 3, 2), UNIVERSAL),
+        (("fsdp2", 3, 2), ("ddp", 0, 1), WEIGHTS_ONLY),
+        (("fairscale", 2, 2), ("deepspeed", 2, 2), WEIGHTS_ONLY),
     ],
 )
 def test_resume_route(written: tuple[str, int, int], now: tuple[str, int, int], route: str) -> None:

@@ -21,7 +21,9 @@ from pathlib import Path
 from typing import Any
 
 from lightning_zero.checkpoint.atomic import fsync_tree, partial_path, publish, remove_path
-from lightning_zero.checkpoint.manifest import Manifest
+from lightning_zero.checkpoint.by_name import write_universal_from_fsdp2
+from lightning_zero.checkpoint.manifest import Manifest, read_manifest
+from lightning_zero.checkpoint.validate import DCP_METADATA
 
 NATIVE = "native"
 UNIVERSAL = "universal"
@@ -29,13 +31,15 @@ WEIGHTS_ONLY = "weights-only"
 UNIVERSAL_SUFFIX = ".universal"
 
 
-def resume_route(manifest: Manifest | None, backend: str, stage: int, world_size: int) -> str:
-    """:data:`NATIVE`, :data:`UNIVERSAL` or :data:`WEIGHTS_ONLY` for resuming ``manifest``'s checkpoint here."""
+def resume_route(manifest: Manifest | None, backend: str, stage: int, world_size: int, directory: bool = True) -> str:
+    """:data:`NATIVE`, :data:`UNIVERSAL` or :data:`WEIGHTS_ONLY` for resuming ``manifest``'s checkpoint here
+    (``directory``: the checkpoint is a sharded directory, not one file)."""
     if manifest is None or (manifest.backend, manifest.stage, manifest.world_size) == (backend, stage, world_size):
         return NATIVE
-    if manifest.backend == backend and backend != "deepspeed":
-        return NATIVE  # FSDP2 re-shards through DCP; FairScale and DDP files hold the whole state
     if manifest.backend == backend:
+        # FSDP2 re-shards through DCP; FairScale and DDP files hold the whole state
+        return UNIVERSAL if backend == "deepspeed" else NATIVE
+    if {manifest.backend, backend} == {"deepspeed", "fsdp2"} and directory:
         return UNIVERSAL
     return WEIGHTS_ONLY
 
@@ -47,16 +51,29 @@ def why_not_carried(manifest: Manifest | None, backend: str) -> str:
 
 
 def universal_checkpoint(path: Path) -> Path:
-    """DeepSpeed's universal form of the checkpoint directory ``path``, converted once into ``X.universal``."""
-    from deepspeed.checkpoint import ds_to_universal
-
+    """DeepSpeed's universal form of the DeepSpeed or sharded FSDP2 checkpoint directory ``path``, converted once
+    into ``X.universal`` (written as ``X.universal.partial``, published when complete, reused by later resumes)."""
     target = path.with_name(path.name + UNIVERSAL_SUFFIX)
-    tag = (path / "latest").read_text().strip()
     if (target / "latest_universal").is_file():
         return target
     partial = partial_path(target)
     remove_path(partial)
     partial.mkdir(parents=True)
+    if (path / DCP_METADATA).is_file():
+        manifest = read_manifest(path)
+        write_universal_from_fsdp2(path, partial, 1 if manifest is None else manifest.world_size)
+    else:
+        _convert_deepspeed(path, partial)
+    fsync_tree(partial)
+    publish(partial, target)
+    return target
+
+
+def _convert_deepspeed(path: Path, partial: Path) -> None:
+    """DeepSpeed's own conversion, plus what the loaders of the other stage family read."""
+    from deepspeed.checkpoint import ds_to_universal
+
+    tag = (path / "latest").read_text().strip()
     options = argparse.Namespace(
         input_folder=str(path / tag),
         output_folder=str(partial / tag),
@@ -73,9 +90,6 @@ def universal_checkpoint(path: Path) -> Path:
         _add_stage3_reader_files(partial / tag)
     for name in ("latest", "latest_universal"):
         (partial / name).write_text(tag)
-    fsync_tree(partial)
-    publish(partial, target)
-    return target
 
 
 def _add_stage3_reader_files(tag_folder: Path) -> None:
@@ -108,21 +122,15 @@ def _is_stage3(tag_folder: Path) -> bool:
 
 def _add_stage12_reader_files(source: Path, tag_folder: Path) -> None:
     """What DeepSpeed's ZeRO-1/2 universal loader reads and its converter does not write for a ZeRO-3 source: the
-    model states under ZeRO-1/2's file name with the full weights (ZeRO-3 saved empty placeholders), each
-    parameter's states as ``{"param": tensor}`` in its full shape with a ``step.pt`` beside them, and the DeepSpeed
-    version in the optimizer's common state (the ZeRO-3 loader reads both forms)."""
+    model states under ZeRO-1/2's file name (a universal load takes the weights from ``zero/``, the rest from there),
+    each parameter's states as ``{"param": tensor}`` in its full shape with a ``step.pt`` beside them, and the
+    DeepSpeed version in the optimizer's common state (the ZeRO-3 loader reads both forms)."""
     import torch
     from deepspeed.checkpoint.constants import DS_VERSION, OPTIMIZER_STATE_DICT, PARAM, PARAM_SHAPES
-    from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
 
-    model_states = sorted(source.glob(_STAGE3_MODEL_STATES))[0]
+    model_states = sorted(tag_folder.glob(_STAGE3_MODEL_STATES))[0]
     states = torch.load(model_states, map_location="cpu", weights_only=False)  # DeepSpeed's own file
-    full = get_fp32_state_dict_from_zero_checkpoint(str(source.parent), tag=source.name)
-    module = states["module"]
-    for name, tensor in full.items():
-        if name in module:
-            module[name] = tensor.to(module[name].dtype)
-    torch.save(states, tag_folder / model_states.name.removeprefix("zero_pp_rank_0_"))
+    os.link(model_states, tag_folder / model_states.name.removeprefix("zero_pp_rank_0_"))
     folder = tag_folder / "zero"
     common = torch.load(folder / "optimizer_state.pt", weights_only=False)
     optimizer_file = next(iter(sorted(source.glob("*zero_pp_rank_0_*optim_states.pt"))))

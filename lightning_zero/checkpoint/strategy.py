@@ -8,7 +8,10 @@ from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from lightning.pytorch.utilities import rank_zero_info
+
 from lightning_zero.checkpoint.atomic import remove_checkpoint, save_atomically
+from lightning_zero.checkpoint.by_name import load_into_torch_optimizer, read_universal
 from lightning_zero.checkpoint.manifest import Manifest, checkpoint_manifest
 from lightning_zero.checkpoint.reshard import (
     UNIVERSAL,
@@ -21,7 +24,9 @@ from lightning_zero.checkpoint.reshard import (
 )
 from lightning_zero.checkpoint.validate import check_checkpoint
 from lightning_zero.checkpoint.weights_only import (
+    WEIGHTS_ONLY_KEY,
     describe,
+    describe_manifest,
     load_into_deepspeed,
     load_into_fsdp2,
     warn_optimizer_not_carried,
@@ -57,12 +62,21 @@ class SafeCheckpoints(_Strategy):
         check_checkpoint(path, self.lightning_module)
         backend, stage = self.checkpoint_identity()
         manifest = checkpoint_manifest(path)
-        route = resume_route(manifest, backend, stage, self.world_size)
+        route = resume_route(manifest, backend, stage, self.world_size, directory=path.is_dir())
         if route == WEIGHTS_ONLY:
             return self._weights_only(path, manifest)
         if route != UNIVERSAL:
             return super().load_checkpoint(path, weights_only)
         universal = self._universal(path)
+        rank_zero_info(
+            f"Resuming '{path}' (written by {describe_manifest(manifest)}) under"
+            f" {describe(backend, stage, self.world_size)} with its optimizer state, through its universal form"
+            f" '{universal}' (converted once; later resumes reuse it)."
+        )
+        if backend == "fsdp2":
+            return self._load_by_name(path, universal)
+        # Lightning builds the engine before it loads, so `checkpoint.load_universal` is switched on here.
+        self.deepspeed_engine._config.load_universal_checkpoint = True
         checkpoint = super().load_checkpoint(universal, weights_only)
         repair_universal_load(self.deepspeed_engine.optimizer.optimizer, universal, stage)
         return checkpoint
@@ -82,10 +96,19 @@ class SafeCheckpoints(_Strategy):
         return checkpoint
 
     def _universal(self, path: Path) -> Path:
-        """Convert on rank 0, then have every rank's DeepSpeed engine load the universal form."""
+        """Convert on rank 0 (once: a later resume finds it), then every rank reads the universal form."""
         if self.is_global_zero:
             universal_checkpoint(path)
         self.barrier()
-        # Lightning builds the engine before it loads, so `checkpoint.load_universal` is switched on here.
-        self.deepspeed_engine._config.load_universal_checkpoint = True
         return path.with_name(path.name + UNIVERSAL_SUFFIX)
+
+    def _load_by_name(self, path: Path, universal: Path) -> dict[str, Any]:
+        """A DeepSpeed checkpoint into FSDP2: the fp32 master weights into the model, then the optimizer state by
+        parameter name; Lightning restores the rest of the dict."""
+        checkpoint = weights_only_checkpoint(path)
+        del checkpoint[WEIGHTS_ONLY_KEY]  # the optimizer, its learning rates included, is carried
+        module = self.lightning_module
+        assert module is not None, "a checkpoint loads into a set-up strategy"
+        load_into_fsdp2(module, checkpoint["state_dict"])
+        load_into_torch_optimizer(module, self.optimizers[0], read_universal(universal))
+        return checkpoint

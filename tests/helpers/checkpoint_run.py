@@ -199,13 +199,19 @@ class GroupedLM(ShortEpochLM):
         return torch.optim.AdamW(groups, lr=float(self.hparams["lr"]))
 
 
+HYPER_PARAMETERS = ("lr", "betas", "eps", "weight_decay")
+
+
 def optimizer_snapshot(trainer: L.Trainer, module: L.LightningModule) -> dict[str, Any]:
-    """Every parameter's fp32 master weights and Adam moments, gathered whole by name through DeepSpeed's public
-    ``safe_get_full_*`` (collective: every rank calls it), each group's hyper-parameters and the step counts."""
+    """Every parameter's fp32 master weights and Adam moments, gathered whole by name (collective: every rank calls
+    it), each group's hyper-parameters and the step counts: through DeepSpeed's public ``safe_get_full_*``, or
+    torch's ``get_optimizer_state_dict`` elsewhere (FSDP2: its parameters are the fp32 masters)."""
+    if not hasattr(trainer.strategy, "deepspeed_engine"):
+        return _torch_snapshot(trainer, module)
     from deepspeed.utils import safe_get_full_fp32_param, safe_get_full_optimizer_state
     from deepspeed.utils.mixed_precision_linkage import lazy_init_hp_params_optimizer_state
 
-    zero = trainer.strategy.deepspeed_engine.optimizer  # type: ignore[attr-defined]
+    zero = trainer.strategy.deepspeed_engine.optimizer
     if hasattr(zero, "single_partition_of_fp32_groups"):  # ZeRO-1/2 link the moments after a step, not CPU Adam's
         for group, flat in zip(zero.bit16_groups, zero.single_partition_of_fp32_groups, strict=True):
             lazy_init_hp_params_optimizer_state(group, flat, zero.optimizer.state)
@@ -221,11 +227,35 @@ def optimizer_snapshot(trainer: L.Trainer, module: L.LightningModule) -> dict[st
         for key in ("fp32", "exp_avg", "exp_avg_sq")
     }
     optimizer = zero.optimizer
-    hyper = ("lr", "betas", "eps", "weight_decay")
     return {
         "tensors": tensors,
-        "groups": [{key: group[key] for key in hyper} for group in optimizer.param_groups],
+        "groups": hyper_parameters(optimizer.param_groups),
         "steps": sorted({float(state["step"]) for state in optimizer.state.values() if "step" in state}),
+    }
+
+
+def hyper_parameters(groups: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each group's Adam hyper-parameters (``betas`` as a tuple: torch's state-dict helpers may hand back a list)."""
+    return [{key: tuple(group[key]) if key == "betas" else group[key] for key in HYPER_PARAMETERS} for group in groups]
+
+
+def _torch_snapshot(trainer: L.Trainer, module: L.LightningModule) -> dict[str, Any]:
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+
+    options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    state: Any = get_optimizer_state_dict(module, trainer.optimizers[0], options=options)
+    weights = full_state(trainer, module)
+    if not trainer.is_global_zero:  # the full state is gathered on rank 0 only
+        return {}
+    tensors: dict[str, torch.Tensor] = {}
+    for name, _ in module.named_parameters():
+        tensors[f"{name}:fp32"] = weights[name]
+        for key in ("exp_avg", "exp_avg_sq"):
+            tensors[f"{name}:{key}"] = state["state"][name][key].float().clone()
+    return {
+        "tensors": tensors,
+        "groups": hyper_parameters(state["param_groups"]),
+        "steps": sorted({float(entry["step"]) for entry in state["state"].values()}),
     }
 
 
