@@ -33,7 +33,14 @@ from safetensors.torch import load_file
 from lightning_zero.checkpoint.atomic import PARTIAL_SUFFIX
 from lightning_zero.checkpoint.consolidate import consolidate
 from lightning_zero.checkpoint.manifest import Manifest, ModelSignature, read_manifest
-from lightning_zero.checkpoint.reshard import NATIVE, UNIVERSAL, UNIVERSAL_SUFFIX, WEIGHTS_ONLY, resume_route
+from lightning_zero.checkpoint.reshard import (
+    NATIVE,
+    UNIVERSAL,
+    UNIVERSAL_SUFFIX,
+    WEIGHTS_ONLY,
+    resume_route,
+    why_not_carried,
+)
 from lightning_zero.checkpoint.resume import ExactResume, fix_epoch_end_loop_state
 from lightning_zero.checkpoint.validate import check_checkpoint
 from lightning_zero.cli import main
@@ -189,10 +196,7 @@ def test_kill_9_during_a_save_keeps_last_loadable_and_the_restart_reaches_the_sa
     assert max_difference(restarted["state_dict"], uninterrupted["state_dict"]) == 0.0
 
 
-CONSOLIDATED = ["ddp", "zero2", "zero3", "zero3_offload", "zero2_fairscale", "zero3_fsdp"]
-
-
-@pytest.mark.parametrize("name", CONSOLIDATED)
+@pytest.mark.parametrize("name", STRATEGIES)
 def test_consolidate_gives_the_trained_weights(resumed: Path, tmp_path: Path, name: str) -> None:
     # last.ckpt was saved at the end of the resumed run, whose weights are the uninterrupted run's.
     expected = torch.load(resumed / f"resume-{name}.pt", weights_only=False)["uninterrupted"]["state_dict"]
@@ -221,7 +225,8 @@ for export in sys.argv[2:]:
         torch.save(AutoModelForCausalLM.from_pretrained(export)(ids).logits, export + "/logits.pt")
 assert not [name for name in sys.modules if name.startswith("lightning_zero")]
 """
-EXPORTED = ["zero3_fsdp", "zero3_offload"]
+#: Every source kind that records a Hugging Face model (plain ``ddp`` does not).
+EXPORTED = [name for name in STRATEGIES if name != "ddp"]
 #: Logits of the export in a fresh interpreter against the trained module's in this one: the same weights and fp32
 #: operations, but kernels chosen per process (thread count, AMX/AVX-512 paths) sum in other orders (measured: 2.2e-6
 #: on an AMX CPU). Noise of std 1e-3 on one layer's weights moves them by 4e-3, 40 times the tolerance.
@@ -293,7 +298,7 @@ def test_the_cross_resume_check_fails_when_optimizer_state_is_dropped(crossed: P
 
 #: ``grouped`` sources (2 processes, two parameter groups) and the ``SOURCE>TARGET`` resumes of their step-10
 #: checkpoint on 2 processes (another stage, offload on either side) and on 1 process (another size too).
-GROUPED_SOURCES = ["zero2", "zero3", "zero2_offload", "zero3_offload", "zero3_fsdp"]
+GROUPED_SOURCES = ["zero2", "zero3", "zero2_offload", "zero3_offload", "zero3_fsdp", "zero2_fairscale"]
 SAME_SIZE = [
     "zero2>zero3",
     "zero3>zero2",
@@ -303,6 +308,8 @@ SAME_SIZE = [
     "zero3_fsdp>zero3",
     "zero3_fsdp>zero2",
     "zero3>zero2_fsdp",
+    "zero2_fairscale>zero3",
+    "zero2_fairscale>zero2_fsdp",
 ]
 RESIZED = [
     "zero3>zero3",
@@ -312,6 +319,7 @@ RESIZED = [
     "zero2_offload>zero3",
     "zero3_fsdp>zero3_offload",
     "zero3>zero3_fsdp",
+    "zero2_fairscale>zero2_offload",
 ]
 
 
@@ -446,8 +454,20 @@ def manifest_of(backend: str, stage: int, world_size: int) -> Manifest:
         (("fsdp2", 3, 2), ("deepspeed", 2, 1), UNIVERSAL),
         (("deepspeed", 3, 2), ("fsdp2", 3, 2), UNIVERSAL),
         (("fsdp2", 3, 2), ("ddp", 0, 1), WEIGHTS_ONLY),
-        (("fairscale", 2, 2), ("deepspeed", 2, 2), WEIGHTS_ONLY),
+        (("fairscale", 2, 2), ("deepspeed", 2, 2), UNIVERSAL),
+        (("fairscale", 2, 2), ("fsdp2", 3, 1), UNIVERSAL),
+        (("fairscale", 2, 2), ("ddp", 0, 2), WEIGHTS_ONLY),
     ],
 )
 def test_resume_route(written: tuple[str, int, int], now: tuple[str, int, int], route: str) -> None:
     assert resume_route(manifest_of(*written), *now) == route
+
+
+@pytest.mark.parametrize("written", [("fairscale", 2, 2), ("fsdp2", 3, 2)])
+def test_a_file_without_parameter_names_resumes_in_another_backend_weights_only_and_says_why(
+    written: tuple[str, int, int],
+) -> None:
+    """A FairScale file saved before this release, or an FSDP2 ``checkpoint_format="full"`` file, keys its optimizer
+    state by position only."""
+    assert resume_route(manifest_of(*written), "deepspeed", 3, 2, by_name=False) == WEIGHTS_ONLY
+    assert "does not record which parameter" in why_not_carried(manifest_of(*written), "deepspeed")

@@ -9,6 +9,8 @@ that, one folder per parameter name, so it is the common form:
   converted DeepSpeed source.
 * DeepSpeed -> FSDP2: :func:`torch_optimizer_state` turns a universal checkpoint into the full, name-keyed state
   dict that torch's ``set_optimizer_state_dict`` shards onto the FSDP2 optimizer.
+* FairScale -> either: its file holds the consolidated state keyed by position in the optimizer's groups; the
+  names of those positions, recorded at the save (:data:`PARAMETER_NAMES_KEY`), make it a universal checkpoint too.
 """
 
 from __future__ import annotations
@@ -23,6 +25,8 @@ from torch import nn
 MOMENTS = ("exp_avg", "exp_avg_sq")
 #: The tag under which Lightning's DeepSpeed strategy saves, used for universal folders written here.
 TAG = "checkpoint"
+#: Where a single-file checkpoint records the parameter name of each position in its optimizer's groups.
+PARAMETER_NAMES_KEY = "lightning_zero_parameter_names"
 _OPTIMIZER = "optimizer_0"  # Lightning's key of the (one) optimizer in a sharded FSDP2 checkpoint
 _WEIGHTS = "state_dict"
 
@@ -77,19 +81,54 @@ def _named_state(flat: dict[str, Any]) -> NamedOptimizerState:
     return NamedOptimizerState(weights, moments, steps.pop(), [groups[index] for index in sorted(groups)])
 
 
-def write_universal_from_fsdp2(source: Path, target: Path, world_size: int) -> None:
-    """Write the sharded FSDP2 checkpoint ``source`` into ``target`` as a DeepSpeed universal checkpoint: each
-    parameter's fp32 weights, moments and step, the groups' hyper-parameters, and model-state files holding
-    Lightning's entries (loops, callbacks, schedulers...) that DeepSpeed hands back as its client state."""
+def parameter_names(module: nn.Module, optimizer: Any) -> list[list[str]]:
+    """The name of each parameter of each of ``optimizer``'s groups, in order (saved as :data:`PARAMETER_NAMES_KEY`)."""
+    names = {id(parameter): name for name, parameter in module.named_parameters()}
+    return [[names[id(parameter)] for parameter in group["params"]] for group in optimizer.param_groups]
+
+
+def read_single_file(content: dict[str, Any]) -> NamedOptimizerState:
+    """The optimizer state of a single-file checkpoint (FairScale's) whose positions have recorded names."""
+    optimizer = content["optimizer_states"][0]
+    moments: dict[str, dict[str, torch.Tensor]] = {}
+    steps: set[float] = set()
+    for names, group in zip(content[PARAMETER_NAMES_KEY], optimizer["param_groups"], strict=True):
+        for name, index in zip(names, group["params"], strict=True):
+            entry = optimizer["state"].get(index)
+            if entry:
+                moments[name] = {key: entry[key] for key in MOMENTS}
+                steps.add(float(entry["step"]))
+    if len(steps) != 1:
+        raise ValueError(f"the checkpoint's parameters were stepped different numbers of times: {sorted(steps)}")
+    weights = {name: content["state_dict"][name].float() for name in moments}
+    groups = [{key: value for key, value in group.items() if key != "params"} for group in optimizer["param_groups"]]
+    return NamedOptimizerState(weights, moments, steps.pop(), groups)
+
+
+def write_universal(source: Path, target: Path, world_size: int) -> None:
+    """Write the sharded FSDP2 checkpoint or FairScale file ``source`` into ``target`` as a DeepSpeed universal
+    checkpoint: each parameter's fp32 weights, moments and step, the groups' hyper-parameters, and model-state files
+    holding Lightning's entries (loops, callbacks, schedulers...) that DeepSpeed hands back as its client state."""
     from lightning_zero.checkpoint.consolidate import dcp_extras
 
-    state = read_fsdp2(source)
+    if source.is_dir():
+        state, extras = read_fsdp2(source), dcp_extras(source)
+    else:
+        content = torch.load(source, map_location="cpu", weights_only=True, mmap=True)
+        state = read_single_file(content)
+        extras = {key: value for key, value in content.items() if key not in ("state_dict", "optimizer_states")}
     folder = target / TAG
     _write_parameters(state, folder / "zero")
     _write_common_state(state, folder / "zero")
-    _write_model_states(dcp_extras(source), folder, world_size)
+    _write_model_states(extras, folder, world_size)
     for name in ("latest", "latest_universal"):
         (target / name).write_text(TAG)
+
+
+def records_parameter_names(path: Path) -> bool:
+    """Whether the single-file checkpoint ``path`` records its optimizer positions' names."""
+    content = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    return isinstance(content, dict) and PARAMETER_NAMES_KEY in content
 
 
 def _write_parameters(state: NamedOptimizerState, zero: Path) -> None:

@@ -21,8 +21,8 @@ from pathlib import Path
 from typing import Any
 
 from lightning_zero.checkpoint.atomic import fsync_tree, partial_path, publish, remove_path
-from lightning_zero.checkpoint.by_name import write_universal_from_fsdp2
-from lightning_zero.checkpoint.manifest import Manifest, read_manifest
+from lightning_zero.checkpoint.by_name import write_universal
+from lightning_zero.checkpoint.manifest import Manifest, checkpoint_manifest
 from lightning_zero.checkpoint.validate import DCP_METADATA
 
 NATIVE = "native"
@@ -31,21 +31,27 @@ WEIGHTS_ONLY = "weights-only"
 UNIVERSAL_SUFFIX = ".universal"
 
 
-def resume_route(manifest: Manifest | None, backend: str, stage: int, world_size: int, directory: bool = True) -> str:
+def resume_route(manifest: Manifest | None, backend: str, stage: int, world_size: int, by_name: bool = True) -> str:
     """:data:`NATIVE`, :data:`UNIVERSAL` or :data:`WEIGHTS_ONLY` for resuming ``manifest``'s checkpoint here
-    (``directory``: the checkpoint is a sharded directory, not one file)."""
+    (``by_name``: its optimizer state can be read by parameter name: a sharded directory, or a FairScale file that
+    records the names of its optimizer's positions)."""
     if manifest is None or (manifest.backend, manifest.stage, manifest.world_size) == (backend, stage, world_size):
         return NATIVE
     if manifest.backend == backend:
         # FSDP2 re-shards through DCP; FairScale and DDP files hold the whole state
         return UNIVERSAL if backend == "deepspeed" else NATIVE
-    if {manifest.backend, backend} == {"deepspeed", "fsdp2"} and directory:
+    if manifest.backend in ("deepspeed", "fsdp2", "fairscale") and backend in ("deepspeed", "fsdp2") and by_name:
         return UNIVERSAL
     return WEIGHTS_ONLY
 
 
 def why_not_carried(manifest: Manifest | None, backend: str) -> str:
     """Why the optimizer state of a :data:`WEIGHTS_ONLY` resume is not carried."""
+    if manifest is not None and manifest.backend in ("fairscale", "fsdp2") and backend in ("deepspeed", "fsdp2"):
+        return (
+            f"this {manifest.backend} file does not record which parameter each optimizer entry belongs to (FairScale"
+            " checkpoints saved by this release do; FSDP2 ones when sharded, the default checkpoint_format)"
+        )
     written = "a checkpoint of unknown origin" if manifest is None else manifest.backend
     return f"{written} and {backend} keep optimizer state in layouts that no maintained converter maps"
 
@@ -59,9 +65,9 @@ def universal_checkpoint(path: Path) -> Path:
     partial = partial_path(target)
     remove_path(partial)
     partial.mkdir(parents=True)
-    if (path / DCP_METADATA).is_file():
-        manifest = read_manifest(path)
-        write_universal_from_fsdp2(path, partial, 1 if manifest is None else manifest.world_size)
+    if path.is_file() or (path / DCP_METADATA).is_file():
+        manifest = checkpoint_manifest(path)
+        write_universal(path, partial, 1 if manifest is None else manifest.world_size)
     else:
         _convert_deepspeed(path, partial)
     fsync_tree(partial)

@@ -11,7 +11,13 @@ from typing import TYPE_CHECKING, Any
 from lightning.pytorch.utilities import rank_zero_info
 
 from lightning_zero.checkpoint.atomic import remove_checkpoint, save_atomically
-from lightning_zero.checkpoint.by_name import load_into_torch_optimizer, read_universal
+from lightning_zero.checkpoint.by_name import (
+    PARAMETER_NAMES_KEY,
+    load_into_torch_optimizer,
+    parameter_names,
+    read_universal,
+    records_parameter_names,
+)
 from lightning_zero.checkpoint.manifest import Manifest, checkpoint_manifest
 from lightning_zero.checkpoint.reshard import (
     UNIVERSAL,
@@ -51,6 +57,9 @@ class SafeCheckpoints(_Strategy):
 
     def save_checkpoint(self, checkpoint: dict[str, Any], filepath: Any, storage_options: Any = None) -> None:
         backend, stage = self.checkpoint_identity()
+        if backend == "fairscale":  # its optimizer state is keyed by position: the names make it portable
+            assert self.lightning_module is not None, "a set-up strategy saves"
+            checkpoint[PARAMETER_NAMES_KEY] = parameter_names(self.lightning_module, self.optimizers[0])
         write = partial(super().save_checkpoint, storage_options=storage_options)
         save_atomically(self, checkpoint, filepath, write, backend, stage)
 
@@ -62,7 +71,8 @@ class SafeCheckpoints(_Strategy):
         check_checkpoint(path, self.lightning_module)
         backend, stage = self.checkpoint_identity()
         manifest = checkpoint_manifest(path)
-        route = resume_route(manifest, backend, stage, self.world_size, directory=path.is_dir())
+        by_name = path.is_dir() or records_parameter_names(path)
+        route = resume_route(manifest, backend, stage, self.world_size, by_name=by_name)
         if route == WEIGHTS_ONLY:
             return self._weights_only(path, manifest)
         if route != UNIVERSAL:

@@ -46,6 +46,7 @@ from transformers import GPT2LMHeadModel
 
 import lightning_zero  # noqa: F401  (registers the presets)
 from lightning_zero.checkpoint import atomic
+from lightning_zero.checkpoint.by_name import parameter_names
 from lightning_zero.checkpoint.resume import ExactResume, WeightsOnlyResume
 from tests.helpers.backend_runs import ShortEpochLM
 from tests.helpers.tiny import TinyLM, tiny_gpt2_config, token_data
@@ -206,6 +207,8 @@ def optimizer_snapshot(trainer: L.Trainer, module: L.LightningModule) -> dict[st
     """Every parameter's fp32 master weights and Adam moments, gathered whole by name (collective: every rank calls
     it), each group's hyper-parameters and the step counts: through DeepSpeed's public ``safe_get_full_*``, or
     torch's ``get_optimizer_state_dict`` elsewhere (FSDP2: its parameters are the fp32 masters)."""
+    if hasattr(trainer.strategy, "sharded_ddp"):
+        return _fairscale_snapshot(trainer, module)
     if not hasattr(trainer.strategy, "deepspeed_engine"):
         return _torch_snapshot(trainer, module)
     from deepspeed.utils import safe_get_full_fp32_param, safe_get_full_optimizer_state
@@ -237,6 +240,27 @@ def optimizer_snapshot(trainer: L.Trainer, module: L.LightningModule) -> dict[st
 def hyper_parameters(groups: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Each group's Adam hyper-parameters (``betas`` as a tuple: torch's state-dict helpers may hand back a list)."""
     return [{key: tuple(group[key]) if key == "betas" else group[key] for key in HYPER_PARAMETERS} for group in groups]
+
+
+def _fairscale_snapshot(trainer: L.Trainer, module: L.LightningModule) -> dict[str, Any]:
+    """FairScale's OSS consolidates its shards on rank 0, keyed by position in its groups: named here."""
+    optimizer = trainer.strategy.optimizers[0]
+    optimizer.consolidate_state_dict(recipient_rank=0)  # type: ignore[attr-defined]
+    if not trainer.is_global_zero:
+        return {}
+    state = optimizer.state_dict()
+    weights = full_state(trainer, module)
+    tensors: dict[str, torch.Tensor] = {}
+    for names, group in zip(parameter_names(module, optimizer), state["param_groups"], strict=True):
+        for name, index in zip(names, group["params"], strict=True):
+            tensors[f"{name}:fp32"] = weights[name]
+            for key in ("exp_avg", "exp_avg_sq"):
+                tensors[f"{name}:{key}"] = state["state"][index][key].float().clone()
+    return {
+        "tensors": tensors,
+        "groups": hyper_parameters(state["param_groups"]),
+        "steps": sorted({float(entry["step"]) for entry in state["state"].values()}),
+    }
 
 
 def _torch_snapshot(trainer: L.Trainer, module: L.LightningModule) -> dict[str, Any]:
