@@ -35,9 +35,11 @@ from lightning_zero.checkpoint.consolidate import consolidate
 from lightning_zero.checkpoint.manifest import Manifest, ModelSignature, read_manifest
 from lightning_zero.checkpoint.reshard import (
     NATIVE,
+    NVME_NOT_CARRIED,
     UNIVERSAL,
     UNIVERSAL_SUFFIX,
     WEIGHTS_ONLY,
+    has_nvme_optimizer_state,
     resume_route,
     why_not_carried,
 )
@@ -320,6 +322,7 @@ RESIZED = [
     "zero3_fsdp>zero3_offload",
     "zero3>zero3_fsdp",
     "zero2_fairscale>zero2_offload",
+    "zero3>zero3_offload_fsdp",
 ]
 
 
@@ -471,3 +474,14 @@ def test_a_file_without_parameter_names_resumes_in_another_backend_weights_only_
     state by position only."""
     assert resume_route(manifest_of(*written), "deepspeed", 3, 2, by_name=False) == WEIGHTS_ONLY
     assert "does not record which parameter" in why_not_carried(manifest_of(*written), "deepspeed")
+
+
+def test_nvme_offloaded_optimizer_state_is_recognised(tmp_path: Path) -> None:
+    """DeepSpeed's NVMe swap files (per rank, beside the tag's shards) have no universal form: such a checkpoint
+    resumes elsewhere weights-only, saying so."""
+    (tmp_path / "latest").write_text("checkpoint")
+    (tmp_path / "checkpoint").mkdir()
+    assert not has_nvme_optimizer_state(tmp_path)
+    (tmp_path / "checkpoint" / "offloaded_tensors" / "rank00").mkdir(parents=True)
+    assert has_nvme_optimizer_state(tmp_path)
+    assert "NVMe" in NVME_NOT_CARRIED

@@ -1,4 +1,4 @@
-"""Resuming at another world size or stage: which path a checkpoint takes, and DeepSpeed's universal conversion.
+"""Resuming at another world size, stage or backend: which path a checkpoint takes, and the universal conversion.
 
 * FSDP2 -> FSDP2 (any world size, stage 2 <-> 3, offload or not): ``torch.distributed.checkpoint`` re-shards
   model and optimizer state by itself.
@@ -9,8 +9,11 @@
   (:func:`_add_stage3_reader_files` for a ZeRO-1/2 source, :func:`_add_stage12_reader_files` for a ZeRO-3 one), so
   one converted folder serves every target. After the load, the slips of DeepSpeed's loaders are undone
   (:func:`repair_universal_load`).
-* Another backend resumes from the consolidated weights and the loop position with a fresh optimizer, and warns
-  once (``weights_only``).
+* FSDP2 (sharded) or FairScale (a file recording its parameter names) -> DeepSpeed or FSDP2, and DeepSpeed -> FSDP2:
+  the optimizer state by parameter name, through the same universal form (:mod:`~lightning_zero.checkpoint.by_name`).
+* Anything else (a plain Lightning strategy, NVMe optimizer offload on either side, a file without parameter names)
+  resumes from the consolidated weights and the loop position with a fresh optimizer, and warns once, saying why
+  (``weights_only``).
 """
 
 from __future__ import annotations
@@ -43,6 +46,18 @@ def resume_route(manifest: Manifest | None, backend: str, stage: int, world_size
     if manifest.backend in ("deepspeed", "fsdp2", "fairscale") and backend in ("deepspeed", "fsdp2") and by_name:
         return UNIVERSAL
     return WEIGHTS_ONLY
+
+
+NVME_NOT_CARRIED = (
+    "DeepSpeed keeps an NVMe-offloaded optimizer's state in per-rank swap files, which its universal checkpoint"
+    " neither reads nor writes"
+)
+
+
+def has_nvme_optimizer_state(path: Path) -> bool:
+    """Whether the DeepSpeed checkpoint directory ``path`` holds NVMe-offloaded optimizer state (swap files)."""
+    tag_file = path / "latest"
+    return tag_file.is_file() and (path / tag_file.read_text().strip() / "offloaded_tensors").is_dir()
 
 
 def why_not_carried(manifest: Manifest | None, backend: str) -> str:

@@ -20,9 +20,11 @@ from lightning_zero.checkpoint.by_name import (
 )
 from lightning_zero.checkpoint.manifest import Manifest, checkpoint_manifest
 from lightning_zero.checkpoint.reshard import (
+    NVME_NOT_CARRIED,
     UNIVERSAL,
     UNIVERSAL_SUFFIX,
     WEIGHTS_ONLY,
+    has_nvme_optimizer_state,
     repair_universal_load,
     resume_route,
     universal_checkpoint,
@@ -74,7 +76,9 @@ class SafeCheckpoints(_Strategy):
         by_name = path.is_dir() or records_parameter_names(path)
         route = resume_route(manifest, backend, stage, self.world_size, by_name=by_name)
         if route == WEIGHTS_ONLY:
-            return self._weights_only(path, manifest)
+            return self._weights_only(path, manifest, why_not_carried(manifest, backend))
+        if route == UNIVERSAL and (has_nvme_optimizer_state(path) or self._swaps_optimizer_to_nvme()):
+            return self._weights_only(path, manifest, NVME_NOT_CARRIED)
         if route != UNIVERSAL:
             return super().load_checkpoint(path, weights_only)
         universal = self._universal(path)
@@ -91,7 +95,11 @@ class SafeCheckpoints(_Strategy):
         repair_universal_load(self.deepspeed_engine.optimizer.optimizer, universal, stage)
         return checkpoint
 
-    def _weights_only(self, path: Path, manifest: Manifest | None) -> dict[str, Any]:
+    def _swaps_optimizer_to_nvme(self) -> bool:
+        backend, _ = self.checkpoint_identity()
+        return backend == "deepspeed" and bool(self.deepspeed_engine.zero_nvme_offload_optimizer())
+
+    def _weights_only(self, path: Path, manifest: Manifest | None, why: str) -> dict[str, Any]:
         """Load the consolidated weights into this strategy's model; Lightning restores the rest of the dict."""
         backend, stage = self.checkpoint_identity()
         checkpoint = weights_only_checkpoint(path)
@@ -102,7 +110,7 @@ class SafeCheckpoints(_Strategy):
         elif backend == "fsdp2":
             load_into_fsdp2(module, checkpoint["state_dict"])
         here = describe(backend, stage, self.world_size)
-        warn_optimizer_not_carried(path, manifest, here, why_not_carried(manifest, backend))
+        warn_optimizer_not_carried(path, manifest, here, why)
         return checkpoint
 
     def _universal(self, path: Path) -> Path:
