@@ -9,6 +9,10 @@ batch of the second epoch) to step 14. Tolerance: none. Every strategy, CPU Adam
 runs the same float32 operations in the same order on the same machine, so the resumed run is bit-identical:
 same batches, losses, learning rate and final weights (measured: max difference 0.0 for all eleven).
 
+Resuming at another size, stage or backend (DeepSpeed ZeRO-1/2/3 with and without offload, FSDP2, FairScale): the
+resumed run's losses and weights against the uninterrupted run's, and the optimizer state it loaded, gathered by
+parameter name, against the source's at its save (one row per pair in docs/checkpoints.md).
+
 Kill -9 during a save: rank 1 is killed after writing its shards of the step-10 checkpoint, before it is published.
 The step-5 checkpoint stays ``last`` and loads; running the same command again reaches the uninterrupted weights.
 """

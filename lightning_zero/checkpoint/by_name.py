@@ -1,10 +1,10 @@
-"""Optimizer state by parameter name: the bridge between DeepSpeed and FSDP2, which shard it differently.
+"""Optimizer state by parameter name: the bridge between DeepSpeed, FSDP2 and FairScale, which shard it differently.
 
-Once gathered, both backends' Adam state is the same per-parameter data: the fp32 master weights, the two moments
+Once gathered, each backend's Adam state is the same per-parameter data: the fp32 master weights, the two moments
 and a step count, with each parameter group's hyper-parameters. DeepSpeed's universal checkpoint stores exactly
 that, one folder per parameter name, so it is the common form:
 
-* FSDP2 -> DeepSpeed: :func:`write_universal_from_fsdp2` writes the FSDP2 checkpoint's state as a universal
+* FSDP2 -> DeepSpeed: :func:`write_universal` writes the FSDP2 checkpoint's state as a universal
   checkpoint, which DeepSpeed's own ``load_universal`` then reads at any stage and world size, as it reads a
   converted DeepSpeed source.
 * DeepSpeed -> FSDP2: :func:`torch_optimizer_state` turns a universal checkpoint into the full, name-keyed state

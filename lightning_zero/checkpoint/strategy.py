@@ -121,8 +121,8 @@ class SafeCheckpoints(_Strategy):
         return path.with_name(path.name + UNIVERSAL_SUFFIX)
 
     def _load_by_name(self, path: Path, universal: Path) -> dict[str, Any]:
-        """A DeepSpeed checkpoint into FSDP2: the fp32 master weights into the model, then the optimizer state by
-        parameter name; Lightning restores the rest of the dict."""
+        """A DeepSpeed or FairScale checkpoint into FSDP2: the fp32 master weights into the model, then the optimizer
+        state by parameter name; Lightning restores the rest of the dict."""
         checkpoint = weights_only_checkpoint(path)
         del checkpoint[WEIGHTS_ONLY_KEY]  # the optimizer, its learning rates included, is carried
         module = self.lightning_module
