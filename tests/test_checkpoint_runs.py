@@ -9,6 +9,10 @@ batch of the second epoch) to step 14. Tolerance: none. Every strategy, CPU Adam
 runs the same float32 operations in the same order on the same machine, so the resumed run is bit-identical:
 same batches, losses, learning rate and final weights (measured: max difference 0.0 for all eleven).
 
+Resuming at another size, stage or backend (DeepSpeed ZeRO-1/2/3 with and without offload, FSDP2, FairScale): the
+resumed run's losses and weights against the uninterrupted run's, and the optimizer state it loaded, gathered by
+parameter name, against the source's at its save (one row per pair in docs/checkpoints.md).
+
 Kill -9 during a save: rank 1 is killed after writing its shards of the step-10 checkpoint, before it is published.
 The step-5 checkpoint stays ``last`` and loads; running the same command again reaches the uninterrupted weights.
 """
@@ -16,11 +20,13 @@ The step-5 checkpoint stays ``last`` and loads; running the same command again r
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import signal
 import subprocess
 import sys
 import time
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +39,16 @@ from safetensors.torch import load_file
 from lightning_zero.checkpoint.atomic import PARTIAL_SUFFIX
 from lightning_zero.checkpoint.consolidate import consolidate
 from lightning_zero.checkpoint.manifest import Manifest, ModelSignature, read_manifest
-from lightning_zero.checkpoint.reshard import NATIVE, UNIVERSAL, WEIGHTS_ONLY, resume_route
+from lightning_zero.checkpoint.reshard import (
+    NATIVE,
+    NVME_NOT_CARRIED,
+    UNIVERSAL,
+    UNIVERSAL_SUFFIX,
+    WEIGHTS_ONLY,
+    has_nvme_optimizer_state,
+    resume_route,
+    why_not_carried,
+)
 from lightning_zero.checkpoint.resume import ExactResume, fix_epoch_end_loop_state
 from lightning_zero.checkpoint.validate import check_checkpoint
 from lightning_zero.cli import main
@@ -57,9 +72,9 @@ STRATEGIES = [
     "zero3_offload_fsdp",
 ]
 STEPS, EVERY = 14, 5
-CROSS = ["zero2>zero2", "zero3_fsdp>zero2_fsdp", "zero2>zero3"]
+CROSS = ["zero2>zero2", "zero3_fsdp>zero2_fsdp", "zero2>zero3", "zero3_fsdp>zero2", "zero2>zero2_fsdp"]
 #: Pairs with no route that carries the optimizer state: they resume weights-only, with one warning.
-WEIGHTS_ONLY_CROSS = ["zero3_offload>ddp", "zero3_fsdp>zero2", "zero3_fsdp>zero3", "zero2>zero2_fsdp"]
+WEIGHTS_ONLY_CROSS = ["zero3_offload>ddp", "zero3_fsdp>ddp"]
 CROSS_SOURCES = sorted({pair.split(">")[0] for pair in CROSS + WEIGHTS_ONLY_CROSS})
 
 
@@ -189,10 +204,7 @@ def test_kill_9_during_a_save_keeps_last_loadable_and_the_restart_reaches_the_sa
     assert max_difference(restarted["state_dict"], uninterrupted["state_dict"]) == 0.0
 
 
-CONSOLIDATED = ["ddp", "zero2", "zero3", "zero3_offload", "zero2_fairscale", "zero3_fsdp"]
-
-
-@pytest.mark.parametrize("name", CONSOLIDATED)
+@pytest.mark.parametrize("name", STRATEGIES)
 def test_consolidate_gives_the_trained_weights(resumed: Path, tmp_path: Path, name: str) -> None:
     # last.ckpt was saved at the end of the resumed run, whose weights are the uninterrupted run's.
     expected = torch.load(resumed / f"resume-{name}.pt", weights_only=False)["uninterrupted"]["state_dict"]
@@ -221,7 +233,8 @@ for export in sys.argv[2:]:
         torch.save(AutoModelForCausalLM.from_pretrained(export)(ids).logits, export + "/logits.pt")
 assert not [name for name in sys.modules if name.startswith("lightning_zero")]
 """
-EXPORTED = ["zero3_fsdp", "zero3_offload"]
+#: Every source kind that records a Hugging Face model (plain ``ddp`` does not).
+EXPORTED = [name for name in STRATEGIES if name != "ddp"]
 #: Logits of the export in a fresh interpreter against the trained module's in this one: the same weights and fp32
 #: operations, but kernels chosen per process (thread count, AMX/AVX-512 paths) sum in other orders (measured: 2.2e-6
 #: on an AMX CPU). Noise of std 1e-3 on one layer's weights moves them by 4e-3, 40 times the tolerance.
@@ -291,26 +304,109 @@ def test_the_cross_resume_check_fails_when_optimizer_state_is_dropped(crossed: P
     assert max_difference(result["state_dict"], reference["state_dict"]) > 10 * CROSS_TOLERANCE["weight"]
 
 
+#: ``grouped`` sources (2 processes, two parameter groups) and the ``SOURCE>TARGET`` resumes of their step-10
+#: checkpoint on 2 processes (another stage, offload on either side) and on 1 process (another size too).
+GROUPED_SOURCES = ["zero2", "zero3", "zero2_offload", "zero3_offload", "zero3_fsdp", "zero2_fairscale"]
+SAME_SIZE = [
+    "zero2>zero3",
+    "zero3>zero2",
+    "zero3>zero1",
+    "zero3_offload>zero2_offload",
+    "zero2_offload>zero3_offload",
+    "zero3_fsdp>zero3",
+    "zero3_fsdp>zero2",
+    "zero3>zero2_fsdp",
+    "zero2_fairscale>zero3",
+    "zero2_fairscale>zero2_fsdp",
+]
+RESIZED = [
+    "zero3>zero3",
+    "zero3>zero2",
+    "zero3_offload>zero3_offload",
+    "zero3_offload>zero1",
+    "zero2_offload>zero3",
+    "zero3_fsdp>zero3_offload",
+    "zero3>zero3_fsdp",
+    "zero2_fairscale>zero2_offload",
+    "zero3>zero3_offload_fsdp",
+]
+
+
 @pytest.fixture(scope="module")
 def regrouped(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("regrouped")
-    runs = ["grouped:zero2", "grouped-cross:zero2>zero3"]
+    runs = [*(f"grouped:{name}" for name in GROUPED_SOURCES), *(f"grouped-cross:{pair}" for pair in SAME_SIZE)]
     run_script(RUNNER, str(out), "--devices", "2", "--steps", str(STEPS), "--every", str(EVERY), "--runs", *runs)
     return out
 
 
-# The same 2 processes and batches under another stage: only the order of float32 sums may differ (measured: equal
-# losses and weights here; 2.5e-8 on a tiny DeBERTa through the CLI). Before each group got its own weight decay
-# and its own Adam step back after DeepSpeed's ZeRO-3 universal load, weights ended 4.5e-3 off.
+@pytest.fixture(scope="module")
+def resized(regrouped: Path) -> tuple[Path, dict[str, int]]:
+    """The 1-process resumes, after the 2-process ones converted every source once; with the inode of each
+    source's universal form before this launch (a second resume must reuse it, not convert again)."""
+    universal = {source: universal_of(regrouped, source).stat().st_ino for source in _sources(RESIZED)}
+    runs = [f"grouped-cross:{pair}" for pair in RESIZED]
+    run_script(RUNNER, str(regrouped), "--devices", "1", "--steps", str(STEPS), "--every", str(EVERY), "--runs", *runs)
+    return regrouped, universal
+
+
+def _sources(pairs: list[str]) -> list[str]:
+    return sorted({pair.split(">")[0] for pair in pairs})
+
+
+def universal_of(directory: Path, source: str) -> Path:
+    return directory / f"ckpt-grouped-{source}" / f"epoch=1-step={2 * EVERY}.ckpt{UNIVERSAL_SUFFIX}"
+
+
+def grouped_result(directory: Path, pair: str, devices: int) -> tuple[dict[str, Any], dict[str, Any]]:
+    source = pair.split(">")[0]
+    reference = torch.load(directory / f"grouped-{source}.pt", weights_only=False)
+    name = f"{pair.replace('>', '-to-')}-x{devices}"
+    return torch.load(directory / f"grouped-cross-{name}.pt", weights_only=False), reference
+
+
+# The same 2 processes and batches under another stage, with the same Adam (torch's, or DeepSpeed's CPU Adam on both
+# sides): only the order of float32 sums may differ (measured: equal losses and weights for every pair here; 2.5e-8
+# on a tiny DeBERTa through the CLI). Before each group got its own weight decay and its own Adam step back after
+# DeepSpeed's ZeRO-3 universal load, weights ended 4.5e-3 off.
 REGROUPED_TOLERANCE = 1e-6
 
 
-def test_a_stage_change_resumes_every_parameter_group_exactly(regrouped: Path) -> None:
-    reference = torch.load(regrouped / "grouped-zero2.pt", weights_only=False)
-    result = torch.load(regrouped / "grouped-cross-zero2-to-zero3.pt", weights_only=False)
+@pytest.mark.parametrize("pair", SAME_SIZE)
+def test_a_stage_change_resumes_every_parameter_group_exactly(regrouped: Path, pair: str) -> None:
+    result, reference = grouped_result(regrouped, pair, 2)
     losses = torch.tensor(reference["losses"][2 * EVERY :])
     torch.testing.assert_close(torch.tensor(result["losses"]), losses, atol=REGROUPED_TOLERANCE, rtol=0)
     assert max_difference(result["state_dict"], reference["state_dict"]) <= REGROUPED_TOLERANCE
+
+
+@pytest.mark.parametrize("pair", RESIZED)
+def test_a_size_change_follows_the_uninterrupted_run(resized: tuple[Path, dict[str, int]], pair: str) -> None:
+    result, reference = grouped_result(resized[0], pair, 1)
+    losses = torch.tensor(reference["losses"][2 * EVERY :])
+    torch.testing.assert_close(torch.tensor(result["losses"]), losses, atol=CROSS_TOLERANCE["loss"], rtol=0)
+    assert max_difference(result["state_dict"], reference["state_dict"]) <= CROSS_TOLERANCE["weight"]
+
+
+@pytest.mark.parametrize(("pair", "devices"), [*((pair, 2) for pair in SAME_SIZE), *((pair, 1) for pair in RESIZED)])
+def test_the_loaded_optimizer_state_is_the_sources_to_the_bit(
+    resized: tuple[Path, dict[str, int]], pair: str, devices: int
+) -> None:
+    """Every parameter's fp32 master weights and Adam moments, gathered by name on the target as training starts,
+    equal the source's gathered at its save; so do each group's hyper-parameters and the step counts."""
+    directory, source = resized[0], pair.split(">")[0]
+    saved = torch.load(directory / f"optimizer-saved-{source}.pt", weights_only=False)
+    loaded = torch.load(directory / f"optimizer-loaded-{pair.replace('>', '-to-')}-x{devices}.pt", weights_only=False)
+    assert saved["tensors"].keys() == loaded["tensors"].keys()
+    assert [key for key in saved["tensors"] if not torch.equal(saved["tensors"][key], loaded["tensors"][key])] == []
+    assert loaded["groups"] == saved["groups"] and saved["groups"][0] != saved["groups"][1]
+    assert loaded["steps"] == saved["steps"] == [2 * EVERY]
+
+
+def test_the_universal_conversion_is_made_once_and_reused(resized: tuple[Path, dict[str, int]]) -> None:
+    directory, before = resized
+    assert {source: universal_of(directory, source).stat().st_ino for source in before} == before
+    assert not list(directory.glob(f"ckpt-grouped-*/*{PARTIAL_SUFFIX}"))
 
 
 # Weights-only: the first resumed step runs the saved weights on the same samples, so its loss equals the
@@ -362,10 +458,56 @@ def manifest_of(backend: str, stage: int, world_size: int) -> Manifest:
         (("fsdp2", 3, 2), ("fsdp2", 2, 1), NATIVE),
         (("fairscale", 2, 2), ("fairscale", 1, 1), NATIVE),
         (("deepspeed", 2, 2), ("deepspeed", 3, 1), UNIVERSAL),
-        (("deepspeed", 3, 2), ("deepspeed", 3, 1), WEIGHTS_ONLY),
-        (("fsdp2", 3, 2), ("deepspeed", 2, 1), WEIGHTS_ONLY),
-        (("deepspeed", 3, 2), ("fsdp2", 3, 2), WEIGHTS_ONLY),
+        (("deepspeed", 3, 2), ("deepspeed", 3, 1), UNIVERSAL),
+        (("deepspeed", 3, 2), ("deepspeed", 1, 2), UNIVERSAL),
+        (("fsdp2", 3, 2), ("deepspeed", 2, 1), UNIVERSAL),
+        (("deepspeed", 3, 2), ("fsdp2", 3, 2), UNIVERSAL),
+        (("fsdp2", 3, 2), ("ddp", 0, 1), WEIGHTS_ONLY),
+        (("fairscale", 2, 2), ("deepspeed", 2, 2), UNIVERSAL),
+        (("fairscale", 2, 2), ("fsdp2", 3, 1), UNIVERSAL),
+        (("fairscale", 2, 2), ("ddp", 0, 2), WEIGHTS_ONLY),
     ],
 )
 def test_resume_route(written: tuple[str, int, int], now: tuple[str, int, int], route: str) -> None:
     assert resume_route(manifest_of(*written), *now) == route
+
+
+@pytest.mark.parametrize("written", [("fairscale", 2, 2), ("fsdp2", 3, 2)])
+def test_a_file_without_parameter_names_resumes_in_another_backend_weights_only_and_says_why(
+    written: tuple[str, int, int],
+) -> None:
+    """A FairScale file saved before this release, or an FSDP2 ``checkpoint_format="full"`` file, keys its optimizer
+    state by position only."""
+    assert resume_route(manifest_of(*written), "deepspeed", 3, 2, by_name=False) == WEIGHTS_ONLY
+    assert "does not record which parameter" in why_not_carried(manifest_of(*written), "deepspeed")
+
+
+def test_nvme_offloaded_optimizer_state_is_recognised(tmp_path: Path) -> None:
+    """DeepSpeed's NVMe swap files (per rank, beside the tag's shards) have no universal form: such a checkpoint
+    resumes elsewhere weights-only, saying so."""
+    (tmp_path / "latest").write_text("checkpoint")
+    (tmp_path / "checkpoint").mkdir()
+    assert not has_nvme_optimizer_state(tmp_path)
+    (tmp_path / "checkpoint" / "offloaded_tensors" / "rank00").mkdir(parents=True)
+    assert has_nvme_optimizer_state(tmp_path)
+    assert "NVMe" in NVME_NOT_CARRIED
+
+
+@pytest.mark.parametrize(
+    ("strategy", "says"),
+    [("zero2_fsdp", "with its optimizer state, through its universal form"), ("ddp", "without its optimizer state")],
+)
+def test_the_cli_resumes_any_checkpoint_under_any_strategy_and_says_what_it_carries(
+    resized: tuple[Path, dict[str, int]], strategy: str, says: str, caplog: pytest.LogCaptureFixture, tmp_path: Path
+) -> None:
+    """``--ckpt_path`` of a 2-process ZeRO-3 checkpoint, through the CLI, on 1 process under another backend: it
+    resumes, saying in one line before training what it carries."""
+    checkpoint = resized[0] / "ckpt-grouped-zero3" / f"epoch=1-step={2 * EVERY}.ckpt"
+    config = ["--config", "tests/data/cli_tiny.yaml", "--model.class_path", "tests.helpers.checkpoint_run.GroupedLM"]
+    trainer = ["--trainer.devices", "1", "--trainer.strategy", strategy, "--trainer.max_steps", str(2 * EVERY + 1)]
+    trainer += ["--trainer.default_root_dir", str(tmp_path)]  # where the CLI writes its config.yaml
+    with caplog.at_level(logging.INFO), warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert main(["fit", *config, *trainer, "--ckpt_path", str(checkpoint)]) == 0
+    lines = [record.getMessage() for record in caplog.records] + [str(warning.message) for warning in caught]
+    assert len([line for line in lines if line.startswith(f"Resuming '{checkpoint}'") and says in line]) == 1

@@ -67,7 +67,7 @@ def read_full_state(path: Path, dtype: torch.dtype) -> tuple[dict[str, torch.Ten
     if path.is_dir() and (path / DEEPSPEED_TAG_FILE).is_file():
         return _deepspeed_state(path, dtype), _deepspeed_extras(path)
     if path.is_dir() and (path / DCP_METADATA).is_file():
-        return _dcp_state(path, dtype), _dcp_extras(path)
+        return _dcp_state(path, dtype), dcp_extras(path)
     content = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
     state = {name: _cast(tensor, dtype) for name, tensor in content.pop("state_dict").items()}
     return state, content
@@ -109,7 +109,8 @@ def _dcp_state(path: Path, dtype: torch.dtype) -> dict[str, torch.Tensor]:
     return {name: _cast(tensor, dtype) for name, tensor in state.items()}
 
 
-def _dcp_extras(path: Path) -> dict[str, Any]:
+def dcp_extras(path: Path) -> dict[str, Any]:
+    """What Lightning saved next to the tensors of a sharded FSDP2 checkpoint: loops, callbacks, schedulers..."""
     meta = path / _LIGHTNING_META
     content: dict[str, Any] = torch.load(meta, map_location="cpu", weights_only=True) if meta.is_file() else {}
     return content

@@ -51,13 +51,18 @@ def set_learning_rates(schedulers: list[Any], learning_rates: list[list[float]])
 
 def warn_optimizer_not_carried(path: Path, manifest: Manifest | None, here: str, why: str) -> None:
     """The one warning of a weights-only resume: what was carried, what was not, and why."""
-    written = "unknown" if manifest is None else describe(manifest.backend, manifest.stage, manifest.world_size)
+    written = describe_manifest(manifest)
     rank_zero_warn(
         f"Resuming '{path}' (written by {written}) under {here} without its optimizer state: {why}. Carried: the"
         " weights, global step, epoch, data position, RNG states and LR schedulers (with ExactResume, which also"
         " sets the scheduled learning rates); the optimizer starts from"
         " empty state (Adam moments and step counts), so the first steps differ from the run that wrote it."
     )
+
+
+def describe_manifest(manifest: Manifest | None) -> str:
+    """What wrote a checkpoint, in words (``unknown`` without a manifest)."""
+    return "unknown" if manifest is None else describe(manifest.backend, manifest.stage, manifest.world_size)
 
 
 def describe(backend: str, stage: int, world_size: int) -> str:

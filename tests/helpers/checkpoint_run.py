@@ -19,8 +19,11 @@ A run is ``KIND:STRATEGY`` (a Lightning strategy name or preset); rank 0 writes 
   resume weights-only, with one warning). ``cross-fresh-optimizer`` does the same but empties the
   optimizer state after loading (what a loader that dropped it would do), for the test to tell the two apart.
 * ``grouped``: ``plain`` with :class:`GroupedLM` (two parameter groups); checkpoints in ``ckpt-grouped-<strategy>``.
+  Under DeepSpeed, the optimizer state gathered at the step-10 save goes to ``optimizer-saved-<strategy>.pt``.
 * ``grouped-cross``: ``SOURCE>TARGET``: after ``grouped`` of SOURCE, ``--devices`` processes resume its step-10
-  checkpoint under TARGET with the same batch, so the run repeats SOURCE's numbers.
+  checkpoint under TARGET with the source's global batch, so the run repeats SOURCE's numbers (result
+  ``grouped-cross-SOURCE-to-TARGET-x<devices>.pt``); the optimizer state gathered as training starts goes to
+  ``optimizer-loaded-SOURCE-to-TARGET-x<devices>.pt``.
 """
 
 from __future__ import annotations
@@ -43,6 +46,7 @@ from transformers import GPT2LMHeadModel
 
 import lightning_zero  # noqa: F401  (registers the presets)
 from lightning_zero.checkpoint import atomic
+from lightning_zero.checkpoint.by_name import parameter_names
 from lightning_zero.checkpoint.resume import ExactResume, WeightsOnlyResume
 from tests.helpers.backend_runs import ShortEpochLM
 from tests.helpers.tiny import TinyLM, tiny_gpt2_config, token_data
@@ -196,22 +200,131 @@ class GroupedLM(ShortEpochLM):
         return torch.optim.AdamW(groups, lr=float(self.hparams["lr"]))
 
 
+HYPER_PARAMETERS = ("lr", "betas", "eps", "weight_decay")
+
+
+def optimizer_snapshot(trainer: L.Trainer, module: L.LightningModule) -> dict[str, Any]:
+    """Every parameter's fp32 master weights and Adam moments, gathered whole by name (collective: every rank calls
+    it), each group's hyper-parameters and the step counts: through DeepSpeed's public ``safe_get_full_*``, or
+    torch's ``get_optimizer_state_dict`` elsewhere (FSDP2: its parameters are the fp32 masters)."""
+    if hasattr(trainer.strategy, "sharded_ddp"):
+        return _fairscale_snapshot(trainer, module)
+    if not hasattr(trainer.strategy, "deepspeed_engine"):
+        return _torch_snapshot(trainer, module)
+    from deepspeed.utils import safe_get_full_fp32_param, safe_get_full_optimizer_state
+    from deepspeed.utils.mixed_precision_linkage import lazy_init_hp_params_optimizer_state
+
+    zero = trainer.strategy.deepspeed_engine.optimizer
+    if hasattr(zero, "single_partition_of_fp32_groups"):  # ZeRO-1/2 link the moments after a step, not CPU Adam's
+        for group, flat in zip(zero.bit16_groups, zero.single_partition_of_fp32_groups, strict=True):
+            lazy_init_hp_params_optimizer_state(group, flat, zero.optimizer.state)
+    tensors = {
+        f"{name}:{key}": (
+            safe_get_full_fp32_param(parameter) if key == "fp32" else safe_get_full_optimizer_state(parameter, key)
+        )
+        .detach()
+        .float()
+        .cpu()
+        .clone()
+        for name, parameter in module.named_parameters()
+        for key in ("fp32", "exp_avg", "exp_avg_sq")
+    }
+    optimizer = zero.optimizer
+    return {
+        "tensors": tensors,
+        "groups": hyper_parameters(optimizer.param_groups),
+        "steps": sorted({float(state["step"]) for state in optimizer.state.values() if "step" in state}),
+    }
+
+
+def hyper_parameters(groups: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each group's Adam hyper-parameters (``betas`` as a tuple: torch's state-dict helpers may hand back a list)."""
+    return [{key: tuple(group[key]) if key == "betas" else group[key] for key in HYPER_PARAMETERS} for group in groups]
+
+
+def _fairscale_snapshot(trainer: L.Trainer, module: L.LightningModule) -> dict[str, Any]:
+    """FairScale's OSS consolidates its shards on rank 0, keyed by position in its groups: named here."""
+    optimizer = trainer.strategy.optimizers[0]
+    optimizer.consolidate_state_dict(recipient_rank=0)  # type: ignore[attr-defined]
+    if not trainer.is_global_zero:
+        return {}
+    state = optimizer.state_dict()
+    weights = full_state(trainer, module)
+    tensors: dict[str, torch.Tensor] = {}
+    for names, group in zip(parameter_names(module, optimizer), state["param_groups"], strict=True):
+        for name, index in zip(names, group["params"], strict=True):
+            tensors[f"{name}:fp32"] = weights[name]
+            for key in ("exp_avg", "exp_avg_sq"):
+                tensors[f"{name}:{key}"] = state["state"][index][key].float().clone()
+    return {
+        "tensors": tensors,
+        "groups": hyper_parameters(state["param_groups"]),
+        "steps": sorted({float(entry["step"]) for entry in state["state"].values()}),
+    }
+
+
+def _torch_snapshot(trainer: L.Trainer, module: L.LightningModule) -> dict[str, Any]:
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+
+    options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    state: Any = get_optimizer_state_dict(module, trainer.optimizers[0], options=options)
+    weights = full_state(trainer, module)
+    if not trainer.is_global_zero:  # the full state is gathered on rank 0 only
+        return {}
+    tensors: dict[str, torch.Tensor] = {}
+    for name, _ in module.named_parameters():
+        tensors[f"{name}:fp32"] = weights[name]
+        for key in ("exp_avg", "exp_avg_sq"):
+            tensors[f"{name}:{key}"] = state["state"][name][key].float().clone()
+    return {
+        "tensors": tensors,
+        "groups": hyper_parameters(state["param_groups"]),
+        "steps": sorted({float(entry["step"]) for entry in state["state"].values()}),
+    }
+
+
+class _SnapshotOptimizer(Callback):
+    """Takes :func:`optimizer_snapshot` when the step-``step`` checkpoint is saved (``step``), or when training
+    starts after a resume (``step=None``); rank 0 writes it to ``out``."""
+
+    def __init__(self, out: Path, step: int | None) -> None:
+        self.out, self.step = out, step
+
+    def _take(self, trainer: L.Trainer, module: L.LightningModule) -> None:
+        snapshot = optimizer_snapshot(trainer, module)
+        if trainer.is_global_zero:
+            torch.save(snapshot, self.out)
+
+    def on_save_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict[str, Any]) -> None:
+        if self.step == trainer.global_step:
+            self._take(trainer, pl_module)
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if self.step is None:
+            self._take(trainer, pl_module)
+
+
 def grouped(spec: str, args: argparse.Namespace) -> dict[str, Any] | None:
     L.seed_everything(7, verbose=False)
     module = GroupedLM()
     directory = args.out / f"ckpt-grouped-{spec}"
-    trainer = make_trainer(spec, args.devices, args.steps, checkpointing(directory, args.every))
+    snapshot = _SnapshotOptimizer(args.out / f"optimizer-saved-{spec}.pt", 2 * args.every)
+    trainer = make_trainer(spec, args.devices, args.steps, [*checkpointing(directory, args.every), snapshot])
     trainer.fit(module)
     result = {"state_dict": full_state(trainer, module), "losses": module.losses}
     return result if trainer.is_global_zero else None
 
 
 def grouped_cross(pair: str, args: argparse.Namespace) -> dict[str, Any] | None:
+    """Resume ``grouped`` SOURCE's step-10 checkpoint under TARGET on ``--devices`` processes, with the global batch
+    of the 2-process source (so that the same samples are trained on), snapshotting the loaded optimizer."""
     source, target = pair.split(">")
     path = args.out / f"ckpt-grouped-{source}" / f"epoch=1-step={2 * args.every}.ckpt"
     L.seed_everything(7, verbose=False)
-    module = GroupedLM()
-    trainer = make_trainer(target, args.devices, args.steps, [ExactResume()])
+    module = GroupedLM(batch_size=8 // args.devices)
+    name = pair.replace(">", "-to-")
+    loaded = _SnapshotOptimizer(args.out / f"optimizer-loaded-{name}-x{args.devices}.pt", None)
+    trainer = make_trainer(target, args.devices, args.steps, [ExactResume(), loaded])
     trainer.fit(module, ckpt_path=str(path))
     result = {"state_dict": full_state(trainer, module), "losses": module.losses}
     return result if trainer.is_global_zero else None
@@ -248,7 +361,8 @@ def main() -> None:
         kind, spec = run.split(":", 1)
         result = KINDS[kind](spec, args)
         if result is not None:
-            torch.save(result, args.out / f"{kind}-{spec.replace('>', '-to-')}.pt")
+            suffix = f"-x{args.devices}" if kind == "grouped-cross" else ""
+            torch.save(result, args.out / f"{kind}-{spec.replace('>', '-to-')}{suffix}.pt")
     end_process_group()
 
 
