@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from lightning.fabric.utilities.exceptions import MisconfigurationException
 
 from lightning_zero.errors import LightningZeroError, ZeroConfigError
+from lightning_zero.packages import app_extra_error, missing_app_package
 
 _KEY = re.compile(r'^Parser key "(?P<key>[^"]+)":?\s*(?P<rest>.*)$')
 _CONTEXT = (
@@ -93,6 +94,10 @@ def _accepted_values(lines: list[str]) -> str:
 
 
 def _tidy(text: str) -> str:
+    missing = re.match(r"No module named '([\w.]+)'", text)
+    package = missing_app_package(missing.group(1)) if missing else None
+    if package is not None:
+        return str(app_extra_error(package, "the class"))
     if text.startswith("No module named"):
         return f"{text}: check the class_path (a full module path, e.g. lightning_zero.tasks.seq2seq.Seq2SeqTask)."
     if text.startswith("File does not exist"):

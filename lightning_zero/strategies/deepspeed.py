@@ -32,6 +32,7 @@ from lightning_zero.errors import ZeroConfigError
 from lightning_zero.internals import init_optimizers_and_schedulers
 from lightning_zero.memory.budget import apply_memory_budget, lift_memory_budget
 from lightning_zero.models.blocks import prepare_blocks
+from lightning_zero.packages import TRANSFORMERS
 from lightning_zero.runtime.ops import wait_for_op
 from lightning_zero.runtime.watchdog import WatchedRanks, end_process_groups
 from lightning_zero.strategies import cpu_adam
@@ -313,10 +314,10 @@ class DeepSpeedZeroStrategy(WatchedRanks, SafeCheckpoints, _DeepSpeedOnCpu):
 
     @contextmanager
     def model_sharded_context(self) -> Generator[None, None, None]:
-        # Tell transformers that ZeRO-3 is on, so models built in `configure_model` initialise and load
-        # their weights partition by partition (its `HfDeepSpeedConfig` must stay alive while it is used).
+        # Tell transformers, where installed, that ZeRO-3 is on, so models built in `configure_model` initialise
+        # and load their weights partition by partition (its `HfDeepSpeedConfig` must stay alive while it is used).
         self._init_config_if_needed()
-        if self.zero_stage_3 and self._transformers_zero3 is None:
+        if self.zero_stage_3 and self._transformers_zero3 is None and TRANSFORMERS:
             from transformers.integrations import HfDeepSpeedConfig
 
             self._transformers_zero3 = HfDeepSpeedConfig(self.settings.deepspeed_dict())
