@@ -261,6 +261,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         with quiet_libraries(verbose):
             check_command(argv)
+            preflight.check_config_files(argv)
             if argv[0] in SUBCOMMANDS:
                 status: int = _load(SUBCOMMANDS[argv[0]].run)(argv[1:])
                 return status

@@ -157,8 +157,27 @@ def as_config_error(error: BaseException) -> LightningZeroError | None:
     if any(marker in message for marker in _UNION_MARKERS):
         return ZeroConfigError(explain(message))
     if isinstance(error, MisconfigurationException) or _raised_in_lightning_checks(error):
-        return ZeroConfigError(f"{message.rstrip('.')}: fix that Trainer option in the config or on the command line.")
+        return ZeroConfigError(_with_trainer_fix(message))
     return None
+
+
+#: The longest message: ``error: `` and it make a line of at most 300 characters.
+MAX_MESSAGE = 293
+_TRAINER_FIX = "fix that Trainer option in the config or on the command line."
+
+
+def _with_trainer_fix(message: str) -> str:
+    """Lightning's ``message`` ending in what to do; its longer messages say that themselves (their last
+    sentence), so they are kept to the sentences that fit, the last one among them."""
+    text = " ".join(message.split()).rstrip(".")
+    if len(text) + len(_TRAINER_FIX) + 2 <= MAX_MESSAGE:
+        return f"{text}: {_TRAINER_FIX}"
+    sentences = [f"{sentence.rstrip('.')}." for sentence in re.split(r"(?<=\.) ", text)]
+    kept = [sentences[0], sentences[-1]] if len(sentences) > 1 else sentences
+    for sentence in sentences[1:-1]:
+        if sum(len(part) + 1 for part in kept) + len(sentence) <= MAX_MESSAGE:
+            kept.insert(-1, sentence)
+    return " ".join(kept)[:MAX_MESSAGE]
 
 
 def _chain(error: BaseException) -> list[BaseException]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import copy
 import logging
+import os
 from collections.abc import Generator, Mapping
 from contextlib import contextmanager
 from datetime import timedelta
@@ -23,6 +24,7 @@ from lightning.fabric.utilities.seed import reset_seed
 from lightning.pytorch import LightningModule
 from lightning.pytorch.strategies import DDPStrategy, DeepSpeedStrategy
 from lightning.pytorch.strategies.deepspeed import remove_module_hooks
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from torch.nn import Module
 from torch.optim import Optimizer
 from torchmetrics import Metric
@@ -214,6 +216,28 @@ class _DeepSpeedOnCpu(DeepSpeedStrategy):
         return initialize_engine(model, config, self._device_rank, optimizer, lr_scheduler, parameters)
 
 
+def lightning_config_path(zero: Any) -> str | None:
+    """The DeepSpeed config file named by Lightning's ``PL_DEEPSPEED_CONFIG_PATH``, read as Lightning's
+    ``DeepSpeedStrategy`` reads it: when no config is given. Given ``zero`` settings (a preset), it is not read,
+    with one warning."""
+    path = os.environ.get(DeepSpeedStrategy.DEEPSPEED_ENV_VAR)
+    if not path:
+        return None
+    if zero is not None:
+        rank_zero_warn(
+            f"{DeepSpeedStrategy.DEEPSPEED_ENV_VAR} is set but not read: this strategy has its own `zero` settings."
+            f" To run from that file, use `ZeroStrategy(deepspeed_config={path!r})`."
+        )
+        return None
+    if not Path(path).is_file():
+        raise ZeroConfigError(
+            f"{DeepSpeedStrategy.DEEPSPEED_ENV_VAR} is '{path}', which is not a file: point it at a DeepSpeed JSON"
+            " or YAML config, or unset it."
+        )
+    rank_zero_info(f"DeepSpeed config from {DeepSpeedStrategy.DEEPSPEED_ENV_VAR}: {path}")
+    return path
+
+
 class DeepSpeedZeroStrategy(WatchedRanks, SafeCheckpoints, _DeepSpeedOnCpu):
     """ZeRO stages 0-3 with optional CPU/NVMe offload, through DeepSpeed (also known as ``ZeroStrategy``).
 
@@ -252,6 +276,8 @@ class DeepSpeedZeroStrategy(WatchedRanks, SafeCheckpoints, _DeepSpeedOnCpu):
     ) -> None:
         if zero is not None and deepspeed_config is not None:
             raise ZeroConfigError("Pass either `zero` or `deepspeed_config` to ZeroStrategy, not both.")
+        if deepspeed_config is None:
+            deepspeed_config = lightning_config_path(zero)
         #: The run's typed and DeepSpeed configs, in one frozen value; resolved further as the run is set up.
         self.settings = (
             DeepSpeedSettings.from_zero(DeepSpeedZeroConfig.coerce(zero))
