@@ -28,6 +28,7 @@ from benchmarks.bench.catalogue import (
     find_experiment,
     plan_rows,
 )
+from benchmarks.bench.controller import largest_live_blocks
 from benchmarks.bench.flops import StepFlops
 from benchmarks.bench.lengths import load_distribution
 from benchmarks.bench.main import FlopAnnotator, for_lightning, main, selected_pairs
@@ -41,7 +42,7 @@ from benchmarks.bench.report import (
 )
 from benchmarks.bench.runner import REPRODUCE, wait_for_build
 from benchmarks.bench.search import SearchPolicy, bracket, next_candidate
-from benchmarks.bench.worker import largest_live_blocks, timing_done
+from benchmarks.bench.worker import timing_done
 from benchmarks.bench.workload import build_workload_model, uses_chunked_loss
 
 GIB = 1024**3
