@@ -8,10 +8,9 @@ from lightning_zero.auto.strategy import AutoZeroConfig, ZeroAutoStrategy
 from lightning_zero.errors import LightningZeroError, ZeroConfigError, ZeroDataError
 from lightning_zero.presets import PRESETS, build_preset, preset_names, register_presets
 from lightning_zero.strategies import DeepSpeedZeroConfig, DeepSpeedZeroStrategy, ZeroConfig, ZeroStrategy
+from lightning_zero.version import __version__
 
 register_presets()
-
-__version__ = "0.1.0"
 
 __all__ = [
     "PRESETS",

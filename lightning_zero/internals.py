@@ -8,7 +8,8 @@ source of every entry, so an upgrade that changes one fails CI instead of a user
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -26,8 +27,10 @@ __all__ = [
     "RELIED_ON",
     "CheckpointImpl",
     "SubprocessScriptLauncher",
+    "abstract_tensors",
     "apply_activation_checkpointing",
     "checkpoint_wrapper",
+    "empty_pinned_host_cache",
     "extension_build_directory",
     "init_optimizers_and_schedulers",
     "materialize_meta_module",
@@ -48,6 +51,14 @@ RELIED_ON: dict[str, str] = {
     ),
     "torch.cuda.memory._set_allocator_settings": (
         "expandable segments switched on at run time for zero_auto (kept internal on purpose: pytorch/pytorch#156175)"
+    ),
+    "torch._subclasses.fake_tensor.FakeTensorMode": (
+        "`plan` builds and runs the model with tensors that have shapes and storages but no memory or values, so a "
+        "3B or 8B model plans in seconds on a laptop (torch's own tracing mode; public only through torch.export)"
+    ),
+    "torch._C._host_emptyCache": (
+        "zero_auto gives a trial's page-locked host blocks back on torch builds without the public "
+        "torch.accelerator.empty_host_cache (torch 2.11 on the GPU machines; CUDA builds only)"
     ),
     "torch.nn.Module._apply": (
         "tasks keep metric states in their dtype under Module.to(dtype) (TaskModule._apply; Lightning's own "
@@ -123,6 +134,27 @@ def set_cuda_allocator_settings(settings: str) -> None:
     import torch.cuda.memory
 
     torch.cuda.memory._set_allocator_settings(settings)
+
+
+@contextlib.contextmanager
+def abstract_tensors() -> Iterator[None]:
+    """Inside, new tensors (a model built, its forward run) have shapes, dtypes and storages but no memory and no
+    values; real tensors passed in become such tensors. An operation whose output shape depends on values raises a
+    ``RuntimeError``."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        yield
+
+
+def empty_pinned_host_cache() -> None:
+    """Return the page-locked host blocks that torch's host allocator keeps cached to the system."""
+    import torch
+
+    if hasattr(torch.accelerator, "empty_host_cache"):
+        torch.accelerator.empty_host_cache()
+    else:
+        torch._C._host_emptyCache()
 
 
 materialize_meta_module: Callable[[nn.Module, Any], None] = _materialize_distributed_module

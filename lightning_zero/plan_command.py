@@ -11,6 +11,7 @@ It builds the config through the CLI, probes one batch (:mod:`lightning_zero.mem
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
 import warnings
 from collections.abc import Sequence
@@ -25,11 +26,16 @@ from lightning.pytorch.utilities import move_data_to_device
 
 from lightning_zero.auto.plan import PlanRow, format_plan, make_plan
 from lightning_zero.cli import ZeroCLI
+from lightning_zero.data.base import TokenizerDataModule
 from lightning_zero.errors import ZeroConfigError
+from lightning_zero.internals import abstract_tensors
 from lightning_zero.memory.budget import GIB
 from lightning_zero.memory.probe import ActivationProbe, probe_activations
 from lightning_zero.memory.states import ParameterShapes
 from lightning_zero.runtime.batches import samples_in, training_loss
+
+#: Batches of examples a data module of ours prepares for ``plan``, which probes its first batch.
+PLAN_BATCHES = 8
 
 
 @dataclass(frozen=True)
@@ -67,11 +73,40 @@ def _budget_from(trainer: dict[str, Any], budget_gib: float | None, device: torc
 def plan_for_config(
     path: str | Path, budget_gib: float | None = None, devices: int | None = None, nodes: int | None = None
 ) -> ConfigPlan:
-    """Build the config's model and data, probe one batch on this machine's device, and plan every layout."""
+    """Build the config's model and data, probe one batch, and plan every layout.
+
+    On a CPU the model is built and run with abstract tensors (shapes and storages, no memory, no values): an 8B
+    model plans in seconds within a few hundred MB. A model with an operation that has no abstract form (an output
+    shape that depends on values) is built and probed for real. On CUDA it is probed for real on the device, which
+    also measures the allocator's peaks.
+    """
     config = Path(path)
     trainer = _trainer_section(config)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     precision = str(trainer.get("precision", "32-true"))
+    module, data = _built(config)
+    batch = _first_batch(module, data)
+    try:
+        if device.type == "cuda":
+            raise _RealProbe
+        shapes, probe = _probe_abstractly(module, batch, precision)
+    except (RuntimeError, _RealProbe):
+        if device.type == "cpu":
+            module, _ = _built(config)  # the abstract attempt built its network from abstract tensors
+        shapes, probe = _probe_for_real(module, batch, precision, device)
+    budget = _budget_from(trainer, budget_gib, device)
+    devices = devices or _count(trainer.get("devices", 1))
+    nodes = nodes or int(trainer.get("num_nodes", 1))
+    rows = make_plan(shapes, probe, budget, devices, nodes, precision, samples_in(batch))
+    return ConfigPlan(devices, nodes, precision, samples_in(batch), budget, probe, rows)
+
+
+class _RealProbe(Exception):
+    """The probe is to run on real tensors."""
+
+
+def _built(config: Path) -> tuple[LightningModule, Any]:
+    """The config's module, attached to its Trainer, and data module, built on the CPU in one process in fp32."""
     overrides = ["--trainer.accelerator", "cpu", "--trainer.devices", "1", "--trainer.strategy", "ddp"]
     overrides += ["--trainer.precision", "32-true", "--trainer.logger", "false"]
     with warnings.catch_warnings():
@@ -79,20 +114,31 @@ def plan_for_config(
         cli = ZeroCLI(args=["--config", str(config), *overrides], run=False)
     module = cli.model
     module.trainer = cli.trainer
+    return module, cli.datamodule
+
+
+def _probe_abstractly(module: LightningModule, batch: Any, precision: str) -> tuple[ParameterShapes, ActivationProbe]:
+    with abstract_tensors():
+        module.configure_model()
+        probe = probe_activations(module, training_loss(module), batch, precision, torch.device("cpu"))
+        shapes = ParameterShapes.of(module)
+    return shapes, dataclasses.replace(probe, method="saved tensors, abstract")
+
+
+def _probe_for_real(
+    module: LightningModule, batch: Any, precision: str, device: torch.device
+) -> tuple[ParameterShapes, ActivationProbe]:
     module.configure_model()
     module.to(device)
-    batch = _first_batch(module, cli.datamodule)
-    micro_batch = samples_in(batch)
     probe = probe_activations(module, training_loss(module), move_data_to_device(batch, device), precision, device)
-    budget = _budget_from(trainer, budget_gib, device)
-    devices = devices or _count(trainer.get("devices", 1))
-    nodes = nodes or int(trainer.get("num_nodes", 1))
-    rows = make_plan(ParameterShapes.of(module), probe, budget, devices, nodes, precision, micro_batch)
-    return ConfigPlan(devices, nodes, precision, micro_batch, budget, probe, rows)
+    return ParameterShapes.of(module), probe
 
 
 def _first_batch(module: LightningModule, data: Any) -> Any:
     source = data if data is not None else module
+    if isinstance(data, TokenizerDataModule):  # one batch is probed: prepare a few batches' worth, not the corpus
+        data.limit_train = min(data.limit_train or PLAN_BATCHES * data.batch_size, PLAN_BATCHES * data.batch_size)
+        data.limit_val = min(data.limit_val or data.batch_size, data.batch_size)
     if data is not None:
         data.prepare_data()
         data.setup("fit")

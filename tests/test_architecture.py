@@ -12,7 +12,7 @@ PACKAGE = REPO / "lightning_zero"
 
 #: Lowest first; a module may import from its own layer and the layers before it.
 LAYERS: tuple[frozenset[str], ...] = (
-    frozenset({"errors", "precision", "quiet", "hardware", "packages", "internals", "preset_table"}),
+    frozenset({"errors", "precision", "quiet", "hardware", "packages", "internals", "preset_table", "version"}),
     frozenset({"runtime"}),
     frozenset({"models"}),
     frozenset({"data"}),

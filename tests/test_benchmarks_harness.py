@@ -195,13 +195,16 @@ def test_the_same_config_goes_to_lightning_without_the_accumulation_it_sets_itse
     assert "| NotSupportedError: Compiled functions can't: |" in overhead_section([{**failed, "error": scripted}])
 
 
-def test_the_same_config_pairs_are_chosen_by_our_label_and_resolve_in_every_experiment() -> None:
+def test_the_same_config_pairs_are_chosen_by_name_and_resolve_in_every_experiment() -> None:
     assert [ours.label for ours, _ in selected_pairs("zero3,zero2")] == ["zero2", "zero3"]
+    against_accelerate = selected_pairs("zero2_offload~accelerate_ds2_offload")
+    assert [(ours.label, theirs.kind) for ours, theirs in against_accelerate] == [("zero2_offload", "accelerate")]
+    assert [theirs.kind for _, theirs in selected_pairs("zero2_offload")] == ["lightning"]
     for experiment in EXPERIMENTS:
         for ours, theirs in OVERHEAD_PAIRS:
             assert experiment.strategy(ours.label).kind == "ours"
-            assert experiment.strategy(theirs.label).kind == "lightning"
-    with pytest.raises(SystemExit, match=r"no pair for \['zero4'\]; choose from \['zero2', 'zero2\+ac', 'zero3'"):
+            assert experiment.strategy(theirs.label).kind in ("lightning", "accelerate")
+    with pytest.raises(SystemExit, match=r"no pair for \['zero4'\]; choose from \['zero2', 'zero2~lightning_ds2'"):
         selected_pairs("zero2,zero4")
 
 

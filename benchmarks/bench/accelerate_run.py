@@ -33,8 +33,28 @@ from lightning_zero.models.loading import import_model_class
 MIXED_PRECISION = {"32-true": "no", "32": "no", "bf16-mixed": "bf16", "16-mixed": "fp16"}
 #: The DeepSpeed ZeRO layouts an Accelerate row can take, by the preset each corresponds to.
 ZERO_LAYOUTS: dict[str, dict[str, Any]] = {
+    "zero2_offload": {"stage": 2, "offload_optimizer": {"device": "cpu"}},
     "zero3_offload": {"stage": 3, "offload_optimizer": {"device": "cpu"}, "offload_param": {"device": "cpu"}},
 }
+
+
+def deepspeed_plugin(spec: StrategySpec, given: dict[str, Any] | None) -> Any:
+    """The ``DeepSpeedPlugin`` of an Accelerate row: the config ``given`` (a same-config pair: ours, resolved), or,
+    for a row whose ``zero`` says ``plugin_defaults``, the plugin's own arguments alone (ZeRO stage and offload
+    devices; everything else Accelerate's and DeepSpeed's defaults, as a user gets with no config file), else
+    :func:`deepspeed_config`."""
+    from accelerate.utils import DeepSpeedPlugin
+
+    if given is not None:
+        return DeepSpeedPlugin(hf_ds_config=given)
+    if spec.zero.get("plugin_defaults"):
+        layout = ZERO_LAYOUTS[spec.strategy]
+        return DeepSpeedPlugin(
+            zero_stage=layout["stage"],
+            offload_optimizer_device=layout["offload_optimizer"]["device"],
+            offload_param_device=layout.get("offload_param", {}).get("device", "none"),
+        )
+    return DeepSpeedPlugin(hf_ds_config=deepspeed_config(spec))
 
 
 def deepspeed_config(spec: StrategySpec) -> dict[str, Any]:
@@ -105,18 +125,18 @@ def run_accelerate_fit(
     precision: str,
     batch: int,
     seed: int,
+    given_config: dict[str, Any] | None = None,
 ) -> None:
     """Train ``experiment`` under Accelerate's DeepSpeed until ``controller`` stops it; ``batch`` fills DeepSpeed's
-    ``"auto"`` micro-batch (the controller sets each step's own)."""
+    ``"auto"`` micro-batch (the controller sets each step's own); ``given_config``: :func:`deepspeed_plugin`."""
     from accelerate import Accelerator
-    from accelerate.utils import DeepSpeedPlugin
     from transformers.integrations.deepspeed import unset_hf_deepspeed_config
 
     # where the controllers' hooks take a Lightning Trainer and module
     step: Any = LoopStep()
     trainer: Any = None
     try:
-        plugin = DeepSpeedPlugin(hf_ds_config=deepspeed_config(spec))
+        plugin = deepspeed_plugin(spec, given_config)
         accelerator = Accelerator(mixed_precision=MIXED_PRECISION[precision], deepspeed_plugin=plugin)
         cap_gpu_memory(accelerator.device, memory_cap_gib)
         trainer = LoopTrainer(LoopStrategy(accelerator.device, accelerator.num_processes))

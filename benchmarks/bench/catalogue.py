@@ -169,9 +169,9 @@ FSDP2_OFFLOAD_AC = StrategySpec("zero3_offload_fsdp+ac", "fsdp2", "zero3_offload
 ZERO_AUTO_MAX = StrategySpec("zero_auto+max", "auto", "zero_auto", {"batch_size": "max"}, batch=1)
 GPU_ONLY = (SINGLE, LIGHTNING_DS2, LIGHTNING_DS2_GC, ZERO2_AC, ZERO2, FAIRSCALE2, FSDP2_AC, ZERO_AUTO_MAX)
 LIGHTNING_DS2_OFFLOAD = StrategySpec("lightning_ds2_offload", "lightning", "deepspeed_stage_2_offload", start=4)
-#: The same-config pairs (``--overhead``): our preset, and Lightning's built-in strategy run with our preset's
-#: exact DeepSpeed config. They are measured apart from the table's rows, in any experiment.
-OVERHEAD_PAIRS: tuple[tuple[StrategySpec, StrategySpec], ...] = (
+#: The same-config pairs against Lightning (``--overhead``): our preset, and Lightning's built-in strategy run with
+#: our preset's exact DeepSpeed config. They are measured apart from the table's rows, in any experiment.
+LIGHTNING_PAIRS: tuple[tuple[StrategySpec, StrategySpec], ...] = (
     (ZERO2, LIGHTNING_DS2),
     (ZERO2_AC, LIGHTNING_DS2_GC),
     (StrategySpec("zero3", "ours", "zero3"), StrategySpec("lightning_ds3", "lightning", "deepspeed_stage_3")),
@@ -225,6 +225,33 @@ GPT2_ZERO2_OFFLOAD_AC = StrategySpec("zero2_offload+ac", "ours", "zero2_offload"
 ACCELERATE_DS3_OFFLOAD_GC = StrategySpec(
     "accelerate_ds3_offload+hf_gc", "accelerate", "zero3_offload", hf_checkpointing=True, start=8
 )
+#: Accelerate's DeepSpeed with the plugin's own arguments alone (ZeRO stage, offload devices): what its user gets
+#: with no config file, DeepSpeed's defaults for everything else.
+ACCELERATE_DS2_OFFLOAD_DEFAULTS = StrategySpec(
+    "accelerate_ds2_offload+defaults", "accelerate", "zero2_offload", {"plugin_defaults": True}, start=16
+)
+#: Ours with DeepSpeed's own ZeRO-2 communication defaults (no overlap below stage 3, 5e8-element buckets).
+ZERO2_OFFLOAD_DS_DEFAULTS = StrategySpec(
+    "zero2_offload+ds_defaults",
+    "ours",
+    "zero2_offload",
+    {"overlap_comm": False, "reduce_bucket_size": 500_000_000, "allgather_bucket_size": 500_000_000},
+    start=16,
+)
+#: The same-config pairs against Accelerate (``--overhead-pairs OURS~THEIRS``): Accelerate's DeepSpeed, in its plain
+#: PyTorch loop, given our preset's exact DeepSpeed config; with checkpointing, Hugging Face's on its side.
+ACCELERATE_PAIRS: tuple[tuple[StrategySpec, StrategySpec], ...] = (
+    (
+        StrategySpec("zero2_offload", "ours", "zero2_offload"),
+        StrategySpec("accelerate_ds2_offload", "accelerate", "zero2_offload"),
+    ),
+    (
+        ZERO2_OFFLOAD_AC_PIN,
+        StrategySpec("accelerate_ds2_offload+hf_gc", "accelerate", "zero2_offload", hf_checkpointing=True),
+    ),
+    (ZERO3_OFFLOAD_AC_PIN, ACCELERATE_DS3_OFFLOAD_GC),
+)
+OVERHEAD_PAIRS = LIGHTNING_PAIRS + ACCELERATE_PAIRS
 #: ``zero_auto`` also searching the approximate levers (bf16 optimizer states, ZenFlow), at its largest batch: the
 #: approximate partner of ``zero_auto+max``.
 ZERO_AUTO_APPROX = StrategySpec(
@@ -344,6 +371,10 @@ EXPERIMENTS: tuple[Experiment, ...] = (
             dataclasses.replace(LIGHTNING_DS2_OFFLOAD_GC, start=16),
             dataclasses.replace(ACCELERATE_DS3_OFFLOAD_GC, start=16),
             ZERO_AUTO_APPROX,
+            # the 1.38x of issue 41: Accelerate with no config file, ours pinned, ours with DeepSpeed's defaults
+            at_batch(ACCELERATE_DS2_OFFLOAD_DEFAULTS, 16),
+            StrategySpec("zero2_offload+pin@16", "ours", "zero2_offload", batch=16),
+            at_batch(ZERO2_OFFLOAD_DS_DEFAULTS, 16),
         ),
         anchor="lightning_ds3_offload",
         report=(ReportRow("DDP", None), ReportRow("ZeRO-3 + CPU offload", 16)),

@@ -56,8 +56,10 @@ def _parser() -> argparse.ArgumentParser:
     )
     run.add_argument("--overhead", default="", help="EXPERIMENT:LENGTHS:BATCH:REPEATS, the same-config pairs")
     run.add_argument("--overhead-steps", type=int, default=60)
-    pairs = ",".join(ours.label for ours, _ in OVERHEAD_PAIRS)
-    run.add_argument("--overhead-pairs", default="zero2,zero2+ac", help=f"our side of each pair, from: {pairs}")
+    pairs = ",".join(pair_name(ours, theirs) for ours, theirs in OVERHEAD_PAIRS)
+    run.add_argument(
+        "--overhead-pairs", default="zero2,zero2+ac", help=f"OURS~THEIRS (against Lightning: OURS), from: {pairs}"
+    )
     run.add_argument("--prebuild-ops", action="store_true", help="build DeepSpeed's CPU Adam in the background")
     run.add_argument("--peak-tflops", type=float, default=DEFAULT_PEAK_TFLOPS)
     run.add_argument("--redo", action="store_true", help="re-measure rows already in the results")
@@ -154,7 +156,7 @@ def _refuse_invalid_fields(rows: list[Row]) -> None:
 
     for row in rows:
         spec = find_experiment(row.experiment).strategy(row.strategy)
-        if not spec.zero:
+        if not spec.zero or spec.kind == "accelerate":  # an Accelerate row's fields are its plugin's
             continue
         try:
             build_preset(spec.strategy, **dict(spec.zero))
@@ -216,14 +218,23 @@ def overhead_row(experiment: str, ours: StrategySpec, theirs: StrategySpec) -> s
     return f"overhead/{experiment}/{ours.label}~{theirs.label}"
 
 
+def pair_name(ours: StrategySpec, theirs: StrategySpec) -> str:
+    """How ``--overhead-pairs`` names a pair: ``OURS~THEIRS``; a pair against Lightning also by our label alone."""
+    return f"{ours.label}~{theirs.label}"
+
+
 def selected_pairs(labels: str) -> list[tuple[StrategySpec, StrategySpec]]:
-    """The same-config pairs whose side of ours is among the comma-separated ``labels``."""
+    """The same-config pairs named in the comma-separated ``labels`` (:func:`pair_name`)."""
     wanted = labels.split(",")
-    known = [ours.label for ours, _ in OVERHEAD_PAIRS]
+
+    def names(ours: StrategySpec, theirs: StrategySpec) -> set[str]:
+        return {pair_name(ours, theirs), *([ours.label] if theirs.kind == "lightning" else [])}
+
+    known = [name for ours, theirs in OVERHEAD_PAIRS for name in sorted(names(ours, theirs), key=len)]
     unknown = [label for label in wanted if label not in known]
     if unknown:
         raise SystemExit(f"--overhead-pairs: no pair for {unknown}; choose from {known}")
-    return [pair for pair in OVERHEAD_PAIRS if pair[0].label in wanted]
+    return [(ours, theirs) for ours, theirs in OVERHEAD_PAIRS if names(ours, theirs) & set(wanted)]
 
 
 def _overhead(
@@ -233,8 +244,9 @@ def _overhead(
     pairs: list[tuple[StrategySpec, StrategySpec]],
     done: Mapping[str, Any],
 ) -> list[dict[str, Any]]:
-    """The same-config ``pairs`` not yet in ``done``, interleaved A B B A A B ... in one process per pair, uncapped
-    (speed only)."""
+    """The same-config ``pairs`` not yet in ``done``, interleaved A B B A A B ..., each process capped as the rows
+    are: a pair against Lightning in one process; against Accelerate one process a fit (Accelerate and Lightning
+    each keep process-wide state of their own)."""
     from benchmarks.bench.runner import measure_fit, run_trial
     from lightning_zero.presets import get_preset
     from lightning_zero.strategies.deepspeed_config import (
@@ -245,9 +257,7 @@ def _overhead(
     )
 
     name, lengths, batch, repeats = args.overhead.split(":")
-    overhead_settings = dataclasses.replace(
-        settings, memory_cap_gib=0.0, steps=args.overhead_steps, min_steps=args.overhead_steps
-    )
+    overhead_settings = dataclasses.replace(settings, steps=args.overhead_steps, min_steps=args.overhead_steps)
     records = []
     for ours, theirs in pairs:
         if overhead_row(name, ours, theirs) in done and not args.redo:
@@ -260,18 +270,30 @@ def _overhead(
         order = [(ours.label, theirs.label), (theirs.label, ours.label)]
         labels = [label for i in range(int(repeats)) for label in order[i % 2]]
         fits = []
+        given = for_lightning(config) if theirs.kind == "lightning" else config
         for label in labels:
-            extra = {"deepspeed_config": for_lightning(config)} if label == theirs.label else {}
+            extra = {"deepspeed_config": given} if label == theirs.label else {}
             row = Row(name, lengths, label)
             fits.append(
                 {**measure_fit(overhead_settings, row, int(batch), **extra), "label": label, "profile_steps": 0}
             )
         per_fit_s = 120 if ours.offloads else 40  # an offloaded step also waits for CPU Adam
-        outcome = run_trial(
-            overhead_settings, f"overhead-{ours.label}", fits, timeout_s=min(540.0, 60.0 + per_fit_s * len(fits))
-        )
-        measured = outcome.events("measured")
-        fit_records = [{"label": fits[r["fit"]]["label"], "measured": r} for r in measured if r.get("fit") is not None]
+        groups = [fits] if theirs.kind == "lightning" else [[fit] for fit in fits]
+        outcomes = [
+            run_trial(
+                overhead_settings,
+                f"overhead-{ours.label}-{index}",
+                group,
+                timeout_s=min(540.0, 60.0 + per_fit_s * len(group)),
+            )
+            for index, group in enumerate(groups)
+        ]
+        fit_records = [
+            {"label": group[r["fit"]]["label"], "measured": r}
+            for outcome, group in zip(outcomes, groups, strict=True)
+            for r in outcome.events("measured")
+            if r.get("fit") is not None
+        ]
         record: dict[str, Any] = {
             "row": overhead_row(name, ours, theirs),
             "experiment": name,
@@ -282,10 +304,11 @@ def _overhead(
             "deepspeed_config": config,
             "fits": fit_records,
             "order": labels,
-            "session": next((r["session"] for r in outcome.events("session")), {}),
+            "session": next((r["session"] for outcome in outcomes for r in outcome.events("session")), {}),
         }
-        if outcome.error():
-            record["error"] = outcome.error()
+        error = next((outcome.error() for outcome in outcomes if outcome.error()), None)
+        if error:
+            record["error"] = error
         annotate(record)
         records.append(record)
     return records

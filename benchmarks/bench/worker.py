@@ -234,6 +234,7 @@ class MeasureController(Controller):
             skipped_total=self.skips.skipped,
             setup_s=round(self.fit_started - self.setup_started, 1),
             peak_rss=own_peak_rss(),
+            engine=engine_settings(getattr(trainer.strategy, "deepspeed_engine", None)),
             **auto_choice(trainer.strategy),
         )
         trainer.should_stop = True
@@ -244,6 +245,39 @@ class MeasureController(Controller):
 
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self.fit_started = time.perf_counter()
+
+
+def engine_settings(engine: Any) -> dict[str, Any]:
+    """What a DeepSpeed engine runs with, read through its public getters (DeepSpeed's defaults included), so that
+    two rows' engines can be compared setting by setting (empty without an engine)."""
+    if engine is None:
+        return {}
+    getters = (
+        "zero_optimization_stage",
+        "zero_overlap_comm",
+        "zero_contiguous_gradients",
+        "zero_reduce_bucket_size",
+        "zero_allgather_bucket_size",
+        "zero_reduce_scatter",
+        "zero_cpu_offload",
+        "gradient_clipping",
+        "bfloat16_enabled",
+        "fp16_enabled",
+        "gradient_accumulation_steps",
+        "train_micro_batch_size_per_gpu",
+        "zero_sub_group_size",
+        "zero_prefetch_bucket_size",
+        "zero_param_persistence_threshold",
+    )
+    found: dict[str, Any] = {name: getattr(engine, name)() for name in getters if hasattr(engine, name)}
+    offload = engine.zero_offload_optimizer() if hasattr(engine, "zero_offload_optimizer") else None
+    if offload is not None:
+        found["offload_optimizer"] = {k: str(v) for k, v in offload.model_dump().items()}
+    found["optimizer"] = type(engine.optimizer).__name__
+    found["basic_optimizer"] = type(getattr(engine, "basic_optimizer", None)).__name__
+    return {
+        key: value if isinstance(value, (bool, int, float, str, dict)) else str(value) for key, value in found.items()
+    }
 
 
 def auto_choice(strategy: Any) -> dict[str, Any]:
@@ -323,7 +357,8 @@ def run_fit(fit: dict[str, Any], spec: dict[str, Any], writer: RecordWriter, ind
         from benchmarks.bench.accelerate_run import run_accelerate_fit
 
         start = int(fit["batch"] if fit["mode"] == "measure" else fit["policy"]["start"])
-        run_accelerate_fit(experiment, strategy_spec, lengths, controller, cap, precision, start, seed=index)
+        given = fit.get("deepspeed_config")
+        run_accelerate_fit(experiment, strategy_spec, lengths, controller, cap, precision, start, index, given)
         reset_memory(controller.device)
         return
     by_loader = strategy_spec.loader_driven

@@ -13,8 +13,6 @@ candidate, so the same measurements always give the same choice.
 
 from __future__ import annotations
 
-import hashlib
-import json
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, replace
 
@@ -242,11 +240,6 @@ def format_trials(measurements: Sequence[Measurement], chosen: Measurement) -> s
     if any(m.candidate.approximate for m in measurements):
         lines.append("~ approximate: not exact Adam, accuracy not measured here (docs/auto-fit.md)")
     return "\n".join(lines)
-
-
-def cache_key(**facts: object) -> str:
-    """A stable key of everything the choice depends on (model, sequence length, devices, budget, versions)."""
-    return hashlib.sha256(json.dumps(facts, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
 def candidate_to_dict(candidate: Candidate) -> dict[str, object]:

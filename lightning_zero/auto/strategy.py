@@ -17,25 +17,20 @@ The approximate levers (bf16 optimizer states, ZenFlow) are tried only with ``ap
 from __future__ import annotations
 
 import contextlib
-import copy
 import dataclasses
-import gc
-import json
-import os
-import tempfile
-import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
 import psutil
 import torch
 from lightning.pytorch import LightningModule
-from lightning.pytorch.utilities import move_data_to_device, rank_zero_info, rank_zero_warn
+from lightning.pytorch.utilities import move_data_to_device, rank_zero_info
 from lightning.pytorch.utilities.parsing import lightning_hasattr, lightning_setattr
 from torch import nn
 
+from lightning_zero.auto.allocator import restore_fixed_segments, use_expandable_segments
+from lightning_zero.auto.cache import cached_choice, choice_key, package_versions, store_choice
 from lightning_zero.auto.plan import PlanRow, candidate_layouts, make_plan
 from lightning_zero.auto.search import (
     APPROXIMATE_LEVERS,
@@ -45,7 +40,6 @@ from lightning_zero.auto.search import (
     Candidate,
     Measurement,
     approximate_levers,
-    cache_key,
     candidate_from_dict,
     candidate_to_dict,
     candidates,
@@ -54,15 +48,15 @@ from lightning_zero.auto.search import (
     needless,
     retries,
 )
+from lightning_zero.auto.trials import StepPlan, TrialRefused, copy_of, give_back_memory, run_trial
 from lightning_zero.errors import ZeroConfigError
-from lightning_zero.internals import set_cuda_allocator_settings
 from lightning_zero.memory.budget import GIB
 from lightning_zero.memory.probe import probe_activations
 from lightning_zero.memory.states import ParameterShapes
 from lightning_zero.models.blocks import prepare_blocks
 from lightning_zero.precision import half_dtype
-from lightning_zero.runtime.batches import first_tensor, is_out_of_memory, samples_in, take_samples, training_loss
-from lightning_zero.strategies.deepspeed import ZeroStrategy, engine_optimizer, forget_zero3_modules, initialize_engine
+from lightning_zero.runtime.batches import first_tensor, samples_in, take_samples, training_loss
+from lightning_zero.strategies.deepspeed import ZeroStrategy, engine_optimizer
 from lightning_zero.strategies.deepspeed_config import DeepSpeedZeroConfig, TrainerValues
 from lightning_zero.strategies.deepspeed_settings import DeepSpeedSettings
 
@@ -182,8 +176,7 @@ class ZeroAutoStrategy(ZeroStrategy):
     def setup(self, trainer: Any) -> None:
         assert self.lightning_module is not None
         if self.auto.expandable_segments:
-            use_expandable_segments(self.root_device)
-            self._expanded_segments = self.root_device.type == "cuda"
+            self._expanded_segments = use_expandable_segments(self.root_device)
         first_batch = _first_batch(trainer, self.lightning_module)
         candidate = self.search(trainer, first_batch)
         # Lightning may have resolved the config already (``configure_model`` asks for it): resolve this one.
@@ -202,8 +195,8 @@ class ZeroAutoStrategy(ZeroStrategy):
 
     def teardown(self) -> None:
         super().teardown()
-        if self._expanded_segments:  # the allocator setting is process-wide: a later run must not inherit it
-            set_cuda_allocator_settings("expandable_segments:False")
+        if self._expanded_segments:
+            restore_fixed_segments()
             self._expanded_segments = False
 
     def _base(self) -> AutoZeroConfig:
@@ -271,10 +264,11 @@ class ZeroAutoStrategy(ZeroStrategy):
         precision = str(self.precision_plugin.precision)
         if self.root_device.type == "cuda":
             # DeepSpeed runs the module in its 16-bit dtype without autocast: probe a copy of it that way.
-            probe_model = _copy_of(module, trainer).to(self.root_device, self._engine_dtype())
+            probe_model = copy_of(module, trainer, self._engine_dtype()).to(self.root_device)
             samples = self.precision_plugin.convert_input(batch)
             probe = probe_activations(probe_model, training_loss(probe_model), samples, device=self.root_device)
             del probe_model
+            give_back_memory(self.root_device)
         else:
             probe = probe_activations(module, training_loss(module), batch, precision, self.root_device)
         layouts = [layout for layout in candidate_layouts() if layout.backend == "deepspeed"]
@@ -313,39 +307,29 @@ class ZeroAutoStrategy(ZeroStrategy):
         rank_zero_info(f"zero_auto: timing {candidate.name} ...")  # a run ended mid-trial says which one
         settings = trial_settings(self._base(), candidate, self._candidate_values(trainer, candidate))
         zero = settings.zero
+
+        def build() -> tuple[LightningModule, torch.optim.Optimizer]:
+            trial = copy_of(module, trainer, self._engine_dtype())
+            prepare_blocks(trial, zero.activation_checkpointing, zero.compile_blocks)
+            # Lightning steps the scheduler, never the engine (it takes it off the run's engine): none here.
+            optimizer, _ = engine_optimizer(trial, zero)
+            if candidate.approximate and not _is_deepspeed_cpu_adam(optimizer):
+                raise TrialRefused("needs a plain torch Adam/AdamW from `configure_optimizers`")
+            return trial, optimizer
+
+        samples = self.precision_plugin.convert_input(take_samples(batch, candidate.micro_batch))
+        steps = StepPlan(candidate.accumulation, self.auto.warmup_steps, self.auto.trial_steps)
         # The whole process's peak counts: memory earlier trials left allocated will be there in the run too.
         self._reset_peak()
-        trial = _copy_of(module, trainer).to(dtype=self._engine_dtype())
-        prepare_blocks(trial, zero.activation_checkpointing, zero.compile_blocks)
-        # Lightning steps the scheduler, never the engine (it takes it off the run's engine): none here.
-        optimizer, _ = engine_optimizer(trial, zero)
-        if candidate.approximate and not _is_deepspeed_cpu_adam(optimizer):
-            _release(None, trial)
-            return Measurement(candidate, False, reason="needs a plain torch Adam/AdamW from `configure_optimizers`")
-        samples = self.precision_plugin.convert_input(take_samples(batch, candidate.micro_batch))
-        engine = None
-        ok, reason, seconds, steps = True, "", 0.0, 0
-        try:
-            engine, _ = initialize_engine(trial, settings.deepspeed_dict(), self._device_rank, optimizer)
-            seconds, steps = self._timed_steps(engine, trial, samples, candidate.accumulation)
-        except RuntimeError as error:
-            if not is_out_of_memory(error):
-                raise
-            ok, reason = False, "out of memory"
-        finally:
-            _release(engine, trial)
-            del engine, trial, optimizer
-            gc.collect()
-            if self.root_device.type == "cuda":
-                torch.cuda.empty_cache()
-                _empty_pinned_cache()
+        outcome = run_trial(build, settings.deepspeed_dict(), self._device_rank, samples, steps, self.root_device)
+        ok, reason, seconds = outcome.ran, outcome.reason, outcome.seconds
         peak = self._peak_allocated()
         ok = self.reduce_boolean_decision(ok, all=True)
         safe, retry_at = self._budget_gib() * GIB * (1 - TRIAL_MARGIN), 0
         if ok and peak > safe:
             ok, reason = False, f"peak {peak / GIB:.1f} GiB, over {1 - TRIAL_MARGIN:.0%} of the budget"
             retry_at = int(candidate.micro_batch * min(RETRY_STEP, safe / peak))
-        samples_seen = candidate.micro_batch * candidate.accumulation * self.world_size * steps
+        samples_seen = candidate.micro_batch * candidate.accumulation * self.world_size * outcome.steps
         rate = float(self.broadcast(samples_seen / seconds if (ok or retry_at) and seconds > 0 else 0.0))
         return Measurement(candidate, ok, rate, peak, reason="" if ok else reason or "did not fit", retry_at=retry_at)
 
@@ -356,28 +340,6 @@ class ZeroAutoStrategy(ZeroStrategy):
             gradient_clip_val=trainer.gradient_clip_val,
             precision=str(self.precision_plugin.precision),
         )
-
-    def _timed_steps(self, engine: Any, trial: Any, samples: Any, accumulation: int) -> tuple[float, int]:
-        """Seconds and count of the timed optimizer steps that fp16 did not skip for overflow.
-
-        A skipped step leaves out the optimizer (under offload, most of the step) and would look fast: up to
-        three times ``trial_steps`` steps are run to time ``trial_steps`` that were not skipped.
-        """
-        loss = training_loss(trial)
-        seconds, counted = 0.0, 0
-        for step in range(self.auto.warmup_steps + 3 * self.auto.trial_steps):
-            self._synchronize()
-            start, skipped_before = time.perf_counter(), int(getattr(engine, "skipped_steps", 0))
-            for _ in range(accumulation):
-                engine.backward(loss(samples))
-                engine.step()
-            self._synchronize()
-            if step >= self.auto.warmup_steps and int(getattr(engine, "skipped_steps", 0)) == skipped_before:
-                seconds += time.perf_counter() - start
-                counted += 1
-                if counted == self.auto.trial_steps:
-                    break
-        return seconds, counted
 
     @contextlib.contextmanager
     def _resident_on_host(self, module: LightningModule) -> Iterator[None]:
@@ -420,20 +382,13 @@ class ZeroAutoStrategy(ZeroStrategy):
         local = reserved(self.root_device) if self.root_device.type == "cuda" else 0
         return int(self.reduce(torch.tensor(local, device=self.root_device), reduce_op="max").item())
 
-    def _synchronize(self) -> None:
-        if self.root_device.type == "cuda":
-            torch.cuda.synchronize(self.root_device)
-
     def _global_batch(self, trainer: Any, per_device: int) -> int | str:
         if self.auto.batch_size is not None:
             return self.auto.batch_size
         return per_device * self.world_size * int(trainer.accumulate_grad_batches)
 
     def _cache_key(self, module: nn.Module, shapes: ParameterShapes, batch: Any, global_batch: int | str) -> str:
-        import deepspeed
-        import lightning
-
-        return cache_key(
+        return choice_key(
             model=type(module).__qualname__,
             parameters=shapes.total,
             shapes=hash(shapes.shapes),
@@ -446,7 +401,7 @@ class ZeroAutoStrategy(ZeroStrategy):
             trials=(self.auto.max_trials, self.auto.max_micro_batch),
             expandable_segments=self.auto.expandable_segments,
             approximate=self._approximate_settings(),
-            versions=(torch.__version__, deepspeed.__version__, lightning.__version__, version("lightning-zero")),
+            versions=package_versions(),
         )
 
     def _approximate_settings(self) -> object:
@@ -460,92 +415,17 @@ class ZeroAutoStrategy(ZeroStrategy):
     def _read_cache(self, key: str) -> dict[str, Any] | None:
         if not self.is_global_zero or self.auto.cache_file is None:
             return None
-        entry = read_cache(Path(self.auto.cache_file)).get(key)
-        return entry if isinstance(entry, dict) else None
+        return cached_choice(Path(self.auto.cache_file), key)
 
     def _write_cache(self, key: str, candidate: Candidate) -> None:
-        if self.auto.cache_file is None:
-            return
-        path = Path(self.auto.cache_file)
-        write_cache(path, {**read_cache(path), key: candidate_to_dict(candidate)})
-
-
-def read_cache(path: Path) -> dict[str, Any]:
-    """The cached choices in ``path``: none when it is missing, and none, with a warning, when it cannot be read
-    or is not a JSON object (the search then runs and rewrites it)."""
-    if not path.is_file():
-        return {}
-    try:
-        entries = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
-        rank_zero_warn(f"zero_auto: ignoring the unreadable cache {str(path)!r} ({error}); searching again.")
-        return {}
-    if not isinstance(entries, dict):
-        rank_zero_warn(f"zero_auto: ignoring the cache {str(path)!r}, which is not a JSON object; searching again.")
-        return {}
-    return entries
-
-
-def write_cache(path: Path, entries: Mapping[str, Any]) -> None:
-    """Replace ``path`` with ``entries`` in one step: a temporary file next to it, renamed over it, so a run
-    stopped mid-write or a concurrent reader never sees half a file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.NamedTemporaryFile("w", dir=path.parent, prefix=f".{path.name}.", delete=False) as scratch:
-        scratch.write(json.dumps(entries, indent=1, sort_keys=True))
-    try:
-        os.replace(scratch.name, path)
-    except OSError:
-        Path(scratch.name).unlink(missing_ok=True)
-        raise
-
-
-def use_expandable_segments(device: torch.device) -> None:
-    """Switch the CUDA caching allocator of this process to expandable segments (nothing off CUDA).
-
-    Without them, freed blocks stay split in fixed segments: GPT-2 XL's run at the micro-batch its trial fitted
-    (21.1 GiB peak allocated of 24) ran out of memory in its second step, asking for 4.7 GiB while 4.9 GiB sat
-    free in pieces.
-    """
-    if device.type != "cuda":
-        return
-    set_cuda_allocator_settings("expandable_segments:True")
-    rank_zero_info(
-        "zero_auto: switched the CUDA allocator to expandable segments"
-        " (set `expandable_segments: false` to leave it as it is)."
-    )
-
-
-def _empty_pinned_cache() -> None:
-    """Give the pinned host memory a trial freed back to the system.
-
-    torch keeps freed page-locked blocks cached, rounded up to powers of two: the optimizer states of a few
-    offload trials of a 3B model would otherwise stay locked in host memory side by side (a t5-3b run was
-    killed, exit -9, during its fourth offload trial on a 125 GiB host).
-    """
-    empty = getattr(torch.accelerator, "empty_host_cache", None) or getattr(torch._C, "_host_emptyCache", None)
-    if empty is not None:
-        empty()
+        if self.auto.cache_file is not None:
+            store_choice(Path(self.auto.cache_file), key, candidate_to_dict(candidate))
 
 
 def _is_deepspeed_cpu_adam(optimizer: torch.optim.Optimizer) -> bool:
     from deepspeed.ops.adam import DeepSpeedCPUAdam
 
     return isinstance(optimizer, DeepSpeedCPUAdam)
-
-
-def _release(engine: Any, trial: nn.Module) -> None:
-    """Let a trial's engine, module, gradients and optimizer state be freed, ZeRO-3's included (on GPT-2 XL, the
-    ZeRO-3 trials it kept drove the later trials and the run at batch 1 out of memory)."""
-    if engine is not None:
-        engine.destroy()
-    forget_zero3_modules(trial)
-
-
-def _copy_of(module: LightningModule, trainer: Any) -> LightningModule:
-    """A deep copy of ``module`` attached to the same Trainer (a copy drops its Trainer reference)."""
-    duplicate = copy.deepcopy(module)
-    duplicate.trainer = trainer
-    return duplicate
 
 
 def _first_batch(trainer: Any, module: Any) -> Any:

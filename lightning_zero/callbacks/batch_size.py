@@ -18,7 +18,7 @@ the budget is measured rather than hit mid-collective); elsewhere only out-of-me
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from contextlib import contextmanager
 from typing import Any
 

@@ -53,21 +53,28 @@ class ActivationProbe:
 
 @dataclass
 class _SavedBytes:
-    """Bytes saved for backward, split by the block that saved them."""
+    """Bytes saved for backward, split by the block that saved them.
 
-    parameter_storages: set[int]
+    Storages are told apart by identity (torch gives every view of one storage the same storage object), not by
+    address: abstract tensors (:func:`~lightning_zero.internals.abstract_tensors`) all have address 0. Each storage
+    seen is held, so that no identity is reused while counting.
+    """
+
+    parameters: list[torch.UntypedStorage]
     blocks: list[nn.Module]
     outside: int = 0
     per_block: list[int] = field(default_factory=list)
     block_inputs: int = 0
-    seen: set[int] = field(default_factory=set)
+    seen: dict[int, torch.UntypedStorage] = field(default_factory=dict)
     current: int | None = None
+
+    def __post_init__(self) -> None:
+        self.seen.update((id(storage), storage) for storage in self.parameters)
 
     def pack(self, tensor: torch.Tensor) -> torch.Tensor:
         storage = tensor.untyped_storage()
-        key = storage.data_ptr()
-        if key not in self.seen and key not in self.parameter_storages and storage.nbytes():
-            self.seen.add(key)
+        if id(storage) not in self.seen and storage.nbytes():
+            self.seen[id(storage)] = storage
             if self.current is None:
                 self.outside += storage.nbytes()
             else:
@@ -114,8 +121,8 @@ def _autocast(device: torch.device, precision: str) -> contextlib.AbstractContex
 def _saved_bytes(
     model: nn.Module, loss_fn: LossFn, batch: Any, precision: str, device: torch.device
 ) -> tuple[int, int]:
-    storages = {p.untyped_storage().data_ptr() for p in model.parameters()}
-    counter = _SavedBytes(parameter_storages=storages, blocks=transformer_blocks(model))
+    parameters = [p.untyped_storage() for p in model.parameters()]
+    counter = _SavedBytes(parameters=parameters, blocks=transformer_blocks(model))
     with counter.recording(), _autocast(device, precision):
         loss = loss_fn(batch)
     loss.backward()
