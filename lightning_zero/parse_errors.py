@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from lightning.fabric.utilities.exceptions import MisconfigurationException
 
 from lightning_zero.errors import LightningZeroError, ZeroConfigError
-from lightning_zero.packages import app_extra_error, missing_app_package
+from lightning_zero.packages import INSTALL_APP, app_extra_error, missing_app_package
 
 _KEY = re.compile(r'^Parser key "(?P<key>[^"]+)":?\s*(?P<rest>.*)$')
 _CONTEXT = (
@@ -26,6 +26,8 @@ _CONTEXT = (
     "Parser key",
 )
 _LITERAL = re.compile(r"Literal\[([^\]]*)\]")
+#: How Lightning's TensorBoardLogger says that neither tensorboard nor tensorboardX is installed.
+_NO_TENSORBOARD = "Neither `tensorboard` nor `tensorboardX` is available"
 
 
 @dataclass
@@ -98,6 +100,8 @@ def _tidy(text: str) -> str:
     package = missing_app_package(missing.group(1)) if missing else None
     if package is not None:
         return str(app_extra_error(package, "the class"))
+    if text.startswith(_NO_TENSORBOARD):
+        return f"The TensorBoard logger needs 'tensorboard', which is not installed: run `{INSTALL_APP}`."
     if text.startswith("No module named"):
         return f"{text}: check the class_path (a full module path, e.g. lightning_zero.tasks.seq2seq.Seq2SeqTask)."
     if text.startswith("File does not exist"):

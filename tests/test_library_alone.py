@@ -12,8 +12,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import lightning.fabric.loggers.tensorboard
 import pytest
 
+from lightning_zero.cli import main
 from lightning_zero.packages import APP_PACKAGES, INSTALL_APP
 from tests.helpers.launch import REPO, run_script
 from tests.helpers.without_app import HIDDEN
@@ -86,3 +88,14 @@ def test_help_lists_every_command_without_the_app_extra() -> None:
     )
     assert result.returncode == 0, result.stderr[-2000:]
     assert "chat" in result.stdout and INSTALL_APP in result.stdout, result.stdout[-2000:]
+
+
+def test_the_tensorboard_logger_without_tensorboard_names_the_install(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(lightning.fabric.loggers.tensorboard, "_TENSORBOARD_AVAILABLE", False)
+    monkeypatch.setattr(lightning.fabric.loggers.tensorboard, "_TENSORBOARDX_AVAILABLE", False)
+    one_process = ["--trainer.devices=1", "--trainer.strategy=auto"]  # the logger fails as the Trainer is built
+    assert main(["fit", "--config", str(REPO / "configs" / "quickstart.yaml"), *one_process]) == 2
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert last == f"error: The TensorBoard logger needs 'tensorboard', which is not installed: run `{INSTALL_APP}`."
