@@ -213,6 +213,13 @@ def for_lightning(config: Mapping[str, Any]) -> dict[str, Any]:
     return {key: value for key, value in config.items() if key != "gradient_accumulation_steps"}
 
 
+def for_accelerate(config: Mapping[str, Any]) -> dict[str, Any]:
+    """``config`` as Accelerate runs what ours runs: our strategy turns the module's AdamW into DeepSpeed's CPU Adam
+    under optimizer offload itself and tells DeepSpeed to take it (``zero_force_ds_cpu_optimizer: false``);
+    Accelerate makes the same swap only where that key is left at DeepSpeed's default."""
+    return {key: value for key, value in config.items() if key not in ("zero_force_ds_cpu_optimizer",)}
+
+
 def overhead_row(experiment: str, ours: StrategySpec, theirs: StrategySpec) -> str:
     """The results key of one same-config pair."""
     return f"overhead/{experiment}/{ours.label}~{theirs.label}"
@@ -270,7 +277,7 @@ def _overhead(
         order = [(ours.label, theirs.label), (theirs.label, ours.label)]
         labels = [label for i in range(int(repeats)) for label in order[i % 2]]
         fits = []
-        given = for_lightning(config) if theirs.kind == "lightning" else config
+        given = for_lightning(config) if theirs.kind == "lightning" else for_accelerate(config)
         for label in labels:
             extra = {"deepspeed_config": given} if label == theirs.label else {}
             row = Row(name, lengths, label)
