@@ -10,19 +10,23 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import inspect
 import os
 import sys
 import tempfile
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, TextIO
 
 import torch
 
+from lightning_zero.checkpoint.validate import check_checkpoint
 from lightning_zero.data.dialog import format_source
 from lightning_zero.data.tokenizers import SPEAKER_TOKENS
 from lightning_zero.errors import CommandParser, ZeroConfigError
 from lightning_zero.tasks.seq2seq import Seq2SeqTask
+
+CHATBOT = f"{Seq2SeqTask.__module__}.{Seq2SeqTask.__qualname__}"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -73,9 +77,11 @@ def load_chatbot(
     path: Path, tokenizer: str | None = None, tokenizer_cache_dir: str | None = None
 ) -> tuple[Seq2SeqTask, dict]:
     """The task with its weights (on CPU, in eval mode) and the data module's stored hyper-parameters."""
+    check_checkpoint(path)
     with tempfile.TemporaryDirectory() as scratch:
         file = consolidated_checkpoint(path, Path(scratch))
         checkpoint = torch.load(file, map_location="cpu", weights_only=False)
+        check_chatbot(path, checkpoint.get("hyper_parameters") or {})
         overrides: dict[str, Any] = {}
         if tokenizer is not None:
             overrides["tokenizer"] = tokenizer
@@ -84,6 +90,20 @@ def load_chatbot(
         task = Seq2SeqTask.load_from_checkpoint(file, map_location="cpu", **overrides)
     task.eval()
     return task, dict(checkpoint.get("datamodule_hyper_parameters") or {})
+
+
+def check_chatbot(path: Path, hyper_parameters: Mapping[str, Any]) -> None:
+    """Raise unless the checkpoint's hyper-parameters are a :class:`Seq2SeqTask`'s (LightningCLI also stores its
+    ``_class_path``)."""
+    class_path = str(hyper_parameters.get("_class_path", CHATBOT))
+    accepted = inspect.signature(Seq2SeqTask).parameters
+    foreign = sorted(name for name in hyper_parameters if not name.startswith("_") and name not in accepted)
+    if class_path != CHATBOT or foreign:
+        kind = class_path.rsplit(".", 1)[-1] if class_path != CHATBOT else f"model with {', '.join(foreign[:3])}"
+        raise ZeroConfigError(
+            f"Checkpoint '{path}' is not a chatbot's (it holds a {kind}): pass a checkpoint of a"
+            f" {Seq2SeqTask.__name__} run, e.g. of `lightning-zero fit --config configs/blenderbot_cpu.yaml`."
+        )
 
 
 class ChatSession:

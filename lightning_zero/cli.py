@@ -37,6 +37,7 @@ from lightning_zero.checkpoint.resume import ExactResume, WeightsOnlyResume
 from lightning_zero.checkpoint.validate import check_checkpoint
 from lightning_zero.errors import CommandParser, LightningZeroError, ZeroConfigError
 from lightning_zero.internals import subcommand_parsers
+from lightning_zero.packages import app_extra_error, missing_app_package
 from lightning_zero.parse_errors import as_config_error, explain, parse_error_line
 from lightning_zero.presets import PRESETS, check_strategy_name
 from lightning_zero.quiet import quiet_libraries
@@ -210,15 +211,33 @@ def build_ops_command(argv: Sequence[str]) -> int:
 
 
 def _load(target: str) -> Any:
+    """The function ``module:function``; a command whose module needs the ``app`` extra, when it is not
+    installed, is one error line naming the install."""
     module_name, function = target.split(":")
-    return getattr(importlib.import_module(module_name), function)
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as error:
+        package = missing_app_package(error.name)
+        if package is None:
+            raise
+        command = next(name for name, known in SUBCOMMANDS.items() if target in (known.run, known.parser))
+        raise app_extra_error(package, f"`lightning-zero {command}`") from None
+    return getattr(module, function)
 
 
 def commands_help() -> str:
     """The end of ``lightning-zero --help``: each command besides LightningCLI's, described by its own parser."""
     width = max(len(name) for name in SUBCOMMANDS)
-    lines = [f"  {name:<{width}}  {_load(command.parser)().description}" for name, command in SUBCOMMANDS.items()]
+    lines = [f"  {name:<{width}}  {_description(command)}" for name, command in SUBCOMMANDS.items()]
     return "\n".join(["other commands (`lightning-zero COMMAND --help` describes each):", *lines])
+
+
+def _description(command: Command) -> str:
+    try:
+        description: str = _load(command.parser)().description
+    except ZeroConfigError as error:
+        return f"(not available: {error})"
+    return description
 
 
 def check_command(argv: Sequence[str]) -> None:
@@ -242,6 +261,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         with quiet_libraries(verbose):
             check_command(argv)
+            preflight.check_config_files(argv)
             if argv[0] in SUBCOMMANDS:
                 status: int = _load(SUBCOMMANDS[argv[0]].run)(argv[1:])
                 return status

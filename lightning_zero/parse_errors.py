@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from lightning.fabric.utilities.exceptions import MisconfigurationException
 
 from lightning_zero.errors import LightningZeroError, ZeroConfigError
+from lightning_zero.packages import INSTALL_APP, app_extra_error, missing_app_package
 
 _KEY = re.compile(r'^Parser key "(?P<key>[^"]+)":?\s*(?P<rest>.*)$')
 _CONTEXT = (
@@ -25,6 +26,8 @@ _CONTEXT = (
     "Parser key",
 )
 _LITERAL = re.compile(r"Literal\[([^\]]*)\]")
+#: How Lightning's TensorBoardLogger says that neither tensorboard nor tensorboardX is installed.
+_NO_TENSORBOARD = "Neither `tensorboard` nor `tensorboardX` is available"
 
 
 @dataclass
@@ -93,6 +96,12 @@ def _accepted_values(lines: list[str]) -> str:
 
 
 def _tidy(text: str) -> str:
+    missing = re.match(r"No module named '([\w.]+)'", text)
+    package = missing_app_package(missing.group(1)) if missing else None
+    if package is not None:
+        return str(app_extra_error(package, "the class"))
+    if text.startswith(_NO_TENSORBOARD):
+        return f"The TensorBoard logger needs 'tensorboard', which is not installed: run `{INSTALL_APP}`."
     if text.startswith("No module named"):
         return f"{text}: check the class_path (a full module path, e.g. lightning_zero.tasks.seq2seq.Seq2SeqTask)."
     if text.startswith("File does not exist"):
@@ -152,8 +161,27 @@ def as_config_error(error: BaseException) -> LightningZeroError | None:
     if any(marker in message for marker in _UNION_MARKERS):
         return ZeroConfigError(explain(message))
     if isinstance(error, MisconfigurationException) or _raised_in_lightning_checks(error):
-        return ZeroConfigError(f"{message.rstrip('.')}: fix that Trainer option in the config or on the command line.")
+        return ZeroConfigError(_with_trainer_fix(message))
     return None
+
+
+#: The longest message: ``error: `` and it make a line of at most 300 characters.
+MAX_MESSAGE = 293
+_TRAINER_FIX = "fix that Trainer option in the config or on the command line."
+
+
+def _with_trainer_fix(message: str) -> str:
+    """Lightning's ``message`` ending in what to do; its longer messages say that themselves (their last
+    sentence), so they are kept to the sentences that fit, the last one among them."""
+    text = " ".join(message.split()).rstrip(".")
+    if len(text) + len(_TRAINER_FIX) + 2 <= MAX_MESSAGE:
+        return f"{text}: {_TRAINER_FIX}"
+    sentences = [f"{sentence.rstrip('.')}." for sentence in re.split(r"(?<=\.) ", text)]
+    kept = [sentences[0], sentences[-1]] if len(sentences) > 1 else sentences
+    for sentence in sentences[1:-1]:
+        if sum(len(part) + 1 for part in kept) + len(sentence) <= MAX_MESSAGE:
+            kept.insert(-1, sentence)
+    return " ".join(kept)[:MAX_MESSAGE]
 
 
 def _chain(error: BaseException) -> list[BaseException]:

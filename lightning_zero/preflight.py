@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import yaml
 from lightning.pytorch.utilities import rank_zero_info
 
 from lightning_zero.errors import ZeroConfigError
@@ -164,4 +165,50 @@ def _check_cpu_strategy(strategy: Any, accelerator: Any) -> None:
         raise ZeroConfigError(
             f"Lightning's strategy {strategy!r} runs only on CUDA GPUs: on CPU use "
             f"`--trainer.strategy {_GPU_ONLY_STRATEGIES[strategy]}` (PyTorch FSDP2), or a GPU machine."
+        )
+
+
+#: The sections of a run config (LightningCLI's top-level keys); a file with none of them is of another kind.
+RUN_SECTIONS = frozenset({"trainer", "model", "data", "seed_everything", "ckpt_path", "optimizer", "lr_scheduler"})
+#: Top-level keys only a DeepSpeed config has.
+_DEEPSPEED_KEYS = frozenset(
+    {"zero_optimization", "train_micro_batch_size_per_gpu", "train_batch_size", "gradient_accumulation_steps"}
+)
+_EXAMPLE = "pass a run config with `trainer`, `model` and `data` sections, such as configs/quickstart.yaml"
+
+
+def check_config_files(argv: list[str]) -> None:
+    """Each ``--config`` file of ``argv`` that exists is a run config: not empty, not binary (a checkpoint), not a
+    list or a line of text (a data file), not a DeepSpeed config. The parser reports missing files and bad YAML."""
+    for index, argument in enumerate(argv):
+        if argument == "--config" and index + 1 < len(argv):
+            check_config_file(Path(argv[index + 1]))
+        elif argument.startswith("--config="):
+            check_config_file(Path(argument.partition("=")[2]))
+
+
+def check_config_file(path: Path) -> None:
+    """Raise unless ``path``, if it is a readable YAML file, holds a mapping with a run config's sections."""
+    if not path.is_file():
+        return
+    try:
+        content = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError:
+        raise ZeroConfigError(
+            f"Config file '{path}' is not text (a checkpoint goes to --ckpt_path): {_EXAMPLE}."
+        ) from None
+    except yaml.YAMLError:
+        return
+    if content is None:
+        raise ZeroConfigError(f"Config file '{path}' is empty: {_EXAMPLE}.")
+    if not isinstance(content, dict):
+        raise ZeroConfigError(
+            f"Config file '{path}' holds a {type(content).__name__}, not sections (a data file goes to"
+            f" `--data.init_args.train_file`): {_EXAMPLE}."
+        )
+    if _DEEPSPEED_KEYS & set(content) and not RUN_SECTIONS & set(content):
+        raise ZeroConfigError(
+            f"Config file '{path}' is a DeepSpeed config, not a run config: give it to the strategy,"
+            f" `--trainer.strategy lightning_zero.ZeroStrategy --trainer.strategy.init_args.deepspeed_config"
+            f" {path.name}`."
         )

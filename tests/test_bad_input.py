@@ -6,6 +6,7 @@ starts); a few run as real processes to prove there is no traceback and no wait.
 
 from __future__ import annotations
 
+import ast
 import contextlib
 import logging
 import subprocess
@@ -17,6 +18,7 @@ from contextlib import AbstractContextManager
 from pathlib import Path
 
 import pytest
+import torch
 from lightning.pytorch import Trainer
 from lightning.pytorch.demos.boring_classes import BoringModel
 from lightning.pytorch.strategies.launchers.subprocess_script import _SubprocessScriptLauncher
@@ -35,6 +37,8 @@ FILES_DATA = [
     "--data=lightning_zero.data.text_files.TextClassificationFilesDataModule",
     "--data.init_args.tokenizer=sentence-transformers/all-MiniLM-L6-v2",
 ]
+#: The longest error line, `error: ` included: it fits a wide terminal's line or two and still names the fix.
+MAX_LINE = 300
 #: Errors found in the data module's `setup`: one process, no launch, so the test can see them.
 IN_PROCESS = ["--trainer.devices=1", "--trainer.strategy=auto", "--trainer.logger=false", "--trainer.callbacks=null"]
 
@@ -69,6 +73,7 @@ def error_line(capsys: pytest.CaptureFixture[str], argv: list[str]) -> str:
     assert status == 2, err[-2000:]
     assert len(errors) == 1, err[-2000:]
     assert "Traceback" not in err
+    assert len(errors[0]) <= MAX_LINE, f"{len(errors[0])} characters: {errors[0]}"
     return errors[0]
 
 
@@ -106,7 +111,7 @@ def cases(tmp_path: Path) -> dict[str, tuple[list[str], tuple[str, ...]]]:
                 "--trainer.default_root_dir",
                 str(tmp_path),
             ],
-            ("`val_check_interval` (1000)", "fix that Trainer option"),
+            ("`val_check_interval` (1000)", "set `check_val_every_n_epoch=None`."),
         ),
         "fp16-true-offload-cpu": (
             [*TINY, "--trainer.strategy", "zero3_offload", "--trainer.precision", "16-true"],
@@ -356,6 +361,149 @@ def test_a_file_in_another_encoding_ends_a_two_process_run_at_once_without_a_tra
     arguments = [*QUICKSTART, *FILES_DATA, f"--data.init_args.train_file={latin1}", "--trainer.devices=2"]
     line = error_line_of_a_real_process(arguments)
     assert "not valid utf-8 at byte 17 (line 2): pass data.init_args.encoding: latin-1" in line
+
+
+# --- inputs of the wrong kind: another kind of checkpoint, config or data file, or an empty one --------------------
+
+CLASSIFIER = "lightning_zero.tasks.classification.SequenceClassificationTask"
+
+
+def classifier_checkpoint(tmp_path: Path, saved_by_cli: bool) -> str:
+    """A Lightning checkpoint of the classification task (its weights do not matter here), as the CLI saves it (with
+    the task's class path, which a CLI given it as `--ckpt_path` builds instead of its config's model) or as a
+    Python script does (hyper-parameters only)."""
+    hparams: dict[str, object] = {"model": "shape:tiny-deberta-v2", "num_labels": 2, "learning_rate": 5e-5}
+    if saved_by_cli:
+        hparams["_class_path"] = CLASSIFIER
+    path = tmp_path / f"classifier-{'cli' if saved_by_cli else 'python'}.ckpt"
+    torch.save({"state_dict": {}, "hyper_parameters": hparams, "pytorch-lightning_version": "2.5.0"}, path)
+    return str(path)
+
+
+# (id, argv builder, what the line says is wrong, the fix the line ends with)
+def wrong_kind_cases(tmp_path: Path) -> dict[str, tuple[list[str], str, str]]:
+    classifier = classifier_checkpoint(tmp_path, saved_by_cli=True)
+    data = write(tmp_path, "labels.csv", "text,label\nfine,1\n")
+    empty = write(tmp_path, "empty.yaml", "# nothing yet\n")
+    deepspeed = write(tmp_path, "ds.json", '{"train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": 2}}')
+    plain_weights = tmp_path / "weights.pt"
+    torch.save({"linear.weight": torch.zeros(2, 2)}, plain_weights)
+    binary_data = tmp_path / "train.csv"
+    binary_data.write_bytes(Path(classifier).read_bytes())
+    run_config = "pass a run config with `trainer`, `model` and `data` sections, such as configs/quickstart.yaml."
+    trainer_checkpoint = "pass a .ckpt file or directory that a Trainer saved, or 'last'."
+    return {
+        "chat-classifier-checkpoint": (
+            ["chat", "--checkpoint", classifier],
+            "is not a chatbot's (it holds a SequenceClassificationTask)",
+            "e.g. of `lightning-zero fit --config configs/blenderbot_cpu.yaml`.",
+        ),
+        "chat-classifier-checkpoint-saved-in-python": (
+            ["chat", "--checkpoint", classifier_checkpoint(tmp_path, saved_by_cli=False)],
+            "is not a chatbot's (it holds a model with num_labels)",
+            "e.g. of `lightning-zero fit --config configs/blenderbot_cpu.yaml`.",
+        ),
+        "chat-data-file": (["chat", "--checkpoint", data], "is not a torch checkpoint", trainer_checkpoint),
+        "chat-empty-file": (
+            ["chat", "--checkpoint", write(tmp_path, "empty.ckpt", "")],
+            "is not a torch checkpoint (truncated",
+            trainer_checkpoint,
+        ),
+        "consolidate-data-file": (
+            ["consolidate", data, str(tmp_path / "out.safetensors")],
+            "is not a torch checkpoint",
+            trainer_checkpoint,
+        ),
+        "consolidate-plain-weights": (
+            ["consolidate", str(plain_weights), str(tmp_path / "out.safetensors")],
+            "is not a Lightning checkpoint (a mapping of 1 entries such as ['linear.weight'])",
+            "load them into the model before `fit`.",
+        ),
+        "consolidate-a-folder": (
+            ["consolidate", str(tmp_path), str(tmp_path / "out.safetensors")],
+            "is a directory but not a checkpoint",
+            trainer_checkpoint,
+        ),
+        "fit-empty-config": (["fit", "--config", empty], "empty.yaml' is empty", run_config),
+        "plan-empty-config": (["plan", "--config", empty], "empty.yaml' is empty", run_config),
+        "fit-deepspeed-config": (
+            ["fit", "--config", deepspeed],
+            "ds.json' is a DeepSpeed config, not a run config",
+            "--trainer.strategy.init_args.deepspeed_config ds.json`.",
+        ),
+        "plan-deepspeed-config": (
+            ["plan", f"--config={deepspeed}"],
+            "ds.json' is a DeepSpeed config, not a run config",
+            "--trainer.strategy.init_args.deepspeed_config ds.json`.",
+        ),
+        "fit-data-file-as-config": (["fit", "--config", data], "labels.csv' holds a str, not sections", run_config),
+        "plan-checkpoint-as-config": (
+            ["plan", "--config", classifier],
+            "is not text (a checkpoint goes to --ckpt_path)",
+            run_config,
+        ),
+        "fit-checkpoint-of-another-model": (
+            [*TINY, "--ckpt_path", classifier_checkpoint(tmp_path, saved_by_cli=False)],
+            "was saved with hyper-parameters that this model config does not take",
+            "pass a checkpoint of this model.",
+        ),
+        "fit-data-file-that-is-a-checkpoint": (
+            QUICKSTART + FILES_DATA + [f"--data.init_args.train_file={binary_data}"],
+            "train.csv' is binary, not text (a checkpoint or an archive?)",
+            "name a .csv text file of rows.",
+        ),
+    }
+
+
+with tempfile.TemporaryDirectory() as scratch:
+    WRONG_KIND_IDS = list(wrong_kind_cases(Path(scratch)))
+
+
+@pytest.mark.parametrize("case", WRONG_KIND_IDS)
+def test_an_input_of_the_wrong_kind_is_one_line_ending_in_its_fix(
+    case: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv, what, fix = wrong_kind_cases(tmp_path)[case]
+    line = error_line(capsys, argv)
+    assert what in line and line.endswith(fix), line
+
+
+@pytest.mark.parametrize("case", ["chat-classifier-checkpoint", "plan-empty-config", "fit-deepspeed-config"])
+def test_a_real_process_given_the_wrong_kind_of_file_ends_in_one_line(case: str, tmp_path: Path) -> None:
+    argv, what, fix = wrong_kind_cases(tmp_path)[case]
+    line = error_line_of_a_real_process(argv)
+    assert what in line and line.endswith(fix), line
+
+
+def test_no_error_message_of_the_package_leaves_too_little_room_for_its_values() -> None:
+    """Every error message written in the package, its values left out, is short enough that with paths and names
+    filled in the line stays within MAX_LINE (the runs above check whole lines)."""
+    longest = 240
+    too_long = [f"{where}: {len(text)}" for where, text in error_messages() if len(text) > longest]
+    assert too_long == []
+
+
+def error_messages() -> list[tuple[str, str]]:
+    """(file:line, the message's fixed text) of every ZeroConfigError/ZeroDataError raised in the package."""
+    found = []
+    for path in sorted((REPO / "lightning_zero").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            name = getattr(node, "func", None)
+            called = getattr(name, "id", getattr(name, "attr", None))
+            if isinstance(node, ast.Call) and called in ("ZeroConfigError", "ZeroDataError") and node.args:
+                found.append((f"{path.relative_to(REPO)}:{node.lineno}", fixed_text(node.args[0])))
+    assert len(found) > 100  # the scan sees the package's messages
+    return found
+
+
+def fixed_text(node: ast.expr) -> str:
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return node.value
+    if isinstance(node, ast.JoinedStr):
+        return "".join(fixed_text(value) for value in node.values if isinstance(value, ast.Constant))
+    if isinstance(node, ast.BinOp):
+        return fixed_text(node.left) + fixed_text(node.right)
+    return ""
 
 
 # --- quiet by default -----------------------------------------------------------------------------------------------

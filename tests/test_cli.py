@@ -4,6 +4,8 @@ tests/test_bad_input.py)."""
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -127,3 +129,22 @@ def test_every_cpu_twin_runs_a_few_steps(tmp_path: Path) -> None:
 def test_example_runs(tmp_path: Path) -> None:
     output = run_script(REPO / "examples" / "zero3_offload_trainer.py", "--max-steps", "3", timeout=600, cwd=tmp_path)
     assert "zero3_offload finished" in output
+
+
+def test_chat_answers_from_a_chatbot_checkpoint_that_fit_saved(tmp_path: Path) -> None:
+    """The check that refuses other checkpoints (tests/test_bad_input.py) lets a real chatbot's through."""
+    one_step = ["--trainer.devices=1", "--trainer.strategy=auto", "--trainer.max_steps=1", "--trainer.logger=false"]
+    one_step += ["--trainer.precision=32-true", "--trainer.limit_val_batches=0"]
+    one_step += [f"--trainer.default_root_dir={tmp_path}"]
+    run_script(MAIN, "fit", "--config", str(REPO / "configs" / "blenderbot_cpu.yaml"), *one_step, timeout=300)
+    (checkpoint,) = tmp_path.rglob("*.ckpt")
+    chat = subprocess.run(
+        [sys.executable, str(MAIN), "chat", "--checkpoint", str(checkpoint), "--max-turns=1", "--max-new-tokens=4"],
+        input="hello\n",
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert chat.returncode == 0, chat.stderr[-2000:]
+    assert chat.stdout.count("\n") == 1, chat.stdout  # one reply (a one-step model's may be empty)

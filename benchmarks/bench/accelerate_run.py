@@ -13,11 +13,12 @@ measurement controllers see each step through the hooks a Lightning fit calls th
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
 from benchmarks.bench.catalogue import Experiment, Lengths, StrategySpec
+from benchmarks.bench.controller import Controller
 from benchmarks.bench.workload import (
     AUTO_CLASSES,
     LOADER_ITEMS,
@@ -27,9 +28,6 @@ from benchmarks.bench.workload import (
     step_loader,
 )
 from lightning_zero.models.loading import import_model_class
-
-if TYPE_CHECKING:
-    from benchmarks.bench.worker import Controller
 
 #: Lightning's precision names and Accelerate's ``mixed_precision`` for the same training.
 MIXED_PRECISION = {"32-true": "no", "32": "no", "bf16-mixed": "bf16", "16-mixed": "fp16"}

@@ -15,7 +15,6 @@ optimizer step.
 
 from __future__ import annotations
 
-import gc
 import json
 import os
 import platform
@@ -24,17 +23,25 @@ import sys
 import time
 import traceback
 from pathlib import Path
-from typing import Any, Protocol, TextIO, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 import lightning as L
 import torch
 
 from benchmarks.bench.catalogue import find_experiment
+from benchmarks.bench.controller import (
+    EXIT_ERROR,
+    EXIT_OOM,
+    Controller,
+    EmulatedMemory,
+    RecordWriter,
+    live_memory,
+    reset_memory,
+    sync,
+)
 from benchmarks.bench.search import SearchPolicy, next_candidate
 from benchmarks.bench.workload import BenchModule, make_strategy, step_loader
 
-EXIT_OOM = 3
-EXIT_ERROR = 4
 MAX_STEPS = 1_000_000
 
 
@@ -50,55 +57,6 @@ class StepSource(Protocol):
 def own_peak_rss() -> int:
     """This process's resident-memory high-water mark in bytes, as the kernel counts it (Linux: KiB)."""
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-
-
-class RecordWriter:
-    """Appends JSON records to one rank's progress file, flushed at once."""
-
-    def __init__(self, path: Path) -> None:
-        self.handle: TextIO = path.open("a")
-
-    def write(self, record: dict[str, Any]) -> None:
-        self.handle.write(json.dumps({"t": round(time.time(), 3), **record}) + "\n")
-        self.handle.flush()
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def _peak_bytes(device: torch.device) -> tuple[int, int]:
-    if device.type != "cuda":
-        return 0, 0
-    return torch.cuda.max_memory_allocated(device), torch.cuda.max_memory_reserved(device)
-
-
-def largest_live_blocks(segments: list[dict[str, Any]], count: int = 16) -> list[float]:
-    """The ``count`` largest allocated blocks of a CUDA memory snapshot (``torch.cuda.memory_snapshot()``), in
-    MiB, largest first."""
-    sizes = [
-        block["size"] for segment in segments for block in segment["blocks"] if block["state"] == "active_allocated"
-    ]
-    return [round(size / 2**20, 1) for size in sorted(sizes, reverse=True)[:count]]
-
-
-def live_memory(device: torch.device) -> dict[str, Any]:
-    """What the process holds on a CUDA ``device`` now: allocated GiB and the largest blocks (empty elsewhere), to
-    tell what a run holds that a ``zero_auto`` trial of it did not."""
-    if device.type != "cuda":
-        return {}
-    return {
-        "allocated_gib": round(torch.cuda.memory_allocated(device) / 2**30, 2),
-        "largest_blocks_mib": largest_live_blocks(torch.cuda.memory_snapshot()),
-    }
-
-
-def _reset_memory(device: torch.device) -> None:
-    if device.type == "cuda":
-        gc.collect()
-        torch.cuda.empty_cache()
-        torch.cuda.reset_peak_memory_stats(device)
 
 
 class SkipCounter:
@@ -122,65 +80,6 @@ class SkipCounter:
         return self.skipped
 
 
-class EmulatedMemory:
-    """A stand-in for GPU memory on CPU: ``base + per_sample * batch`` bytes, an OOM above the cap (tests only)."""
-
-    def __init__(self, base: float, per_sample: float, cap: float) -> None:
-        self.base, self.per_sample, self.cap = base, per_sample, cap
-        self.high = 0.0
-
-    def allocate(self, batch: int) -> None:
-        need = self.base + self.per_sample * batch
-        if need > self.cap:
-            raise torch.OutOfMemoryError(f"emulated memory cap: batch {batch} needs {need:.0f} > {self.cap:.0f} bytes")
-        self.high = max(self.high, need)
-
-    def peak(self) -> tuple[int, int]:
-        return int(self.high), int(self.high)
-
-    def reset(self) -> None:
-        self.high = 0.0
-
-
-class Controller(L.Callback):
-    """Decides each step's micro-batch and records what happened; ends the fit when done."""
-
-    def __init__(self, writer: RecordWriter, fit_index: int, memory: EmulatedMemory | None) -> None:
-        self.writer, self.fit_index, self.memory = writer, fit_index, memory
-        self.batch = 1
-        self.worst = True
-        self.device = torch.device("cpu")
-
-    def next_batch(self) -> tuple[int, bool]:
-        if self.memory is not None:
-            self.memory.allocate(self.batch)
-        return self.batch, self.worst
-
-    def peak_bytes(self) -> tuple[int, int]:
-        return self.memory.peak() if self.memory is not None else _peak_bytes(self.device)
-
-    def record(self, **fields: Any) -> None:
-        self.writer.write({"fit": self.fit_index, **fields})
-
-    def record_memory(self, event: str, **fields: Any) -> None:
-        """Record ``event`` with the peak memory since the last reset and what the process holds now."""
-        allocated, reserved = self.peak_bytes()
-        live = live_memory(self.device)
-        self.record(event=event, peak_allocated=allocated, peak_reserved=reserved, live=live, **fields)
-
-    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
-        self.device = trainer.strategy.root_device
-
-    def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
-        if isinstance(exception, torch.OutOfMemoryError):
-            text = "".join(traceback.format_exception(exception))  # a chained error's cause comes first
-            where = text if len(text) <= 4000 else f"{text[:2500]}\n...\n{text[-1500:]}"
-            self.record_memory("oom", batch=self.batch, where=where)
-            os._exit(EXIT_OOM)
-        self.record(event="error", batch=self.batch, error=traceback.format_exc()[-3000:])
-        os._exit(EXIT_ERROR)
-
-
 class SearchController(Controller):
     """Stages of increasing micro-batch at the worst-case lengths; each stage's peak memory picks the next."""
 
@@ -198,7 +97,7 @@ class SearchController(Controller):
 
     def on_train_batch_start(self, trainer: L.Trainer, *args: Any) -> None:
         if self.stage_steps == 0:
-            _reset_memory(self.device)
+            reset_memory(self.device)
             if self.memory is not None:
                 self.memory.reset()
             self.stage_start = time.perf_counter()
@@ -207,7 +106,7 @@ class SearchController(Controller):
         self.stage_steps += 1
         if self.stage_steps < (2 if self.first_stage else 1):
             return
-        _sync(self.device)
+        sync(self.device)
         seconds = (time.perf_counter() - self.stage_start) / self.stage_steps
         allocated, reserved = self.peak_bytes()
         peaks = torch.tensor([allocated, reserved], dtype=torch.float64, device=self.device)
@@ -269,11 +168,11 @@ class MeasureController(Controller):
 
     def _mark(self, name: str) -> None:
         if self.phase == "profile":
-            _sync(self.device)
+            sync(self.device)
             self.marks[name] = time.perf_counter()
 
     def on_train_batch_start(self, trainer: L.Trainer, *args: Any) -> None:
-        _sync(self.device)
+        sync(self.device)
         if self.done_steps == 0:
             self.record(event="first_step", batch=self.batch, live=live_memory(self.device))
             _reset_peak(self.device)
@@ -290,7 +189,7 @@ class MeasureController(Controller):
         self._mark("optimizer")
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, *args: Any) -> None:
-        _sync(self.device)
+        sync(self.device)
         end = time.perf_counter()
         self.done_steps += 1
         if self.done_steps == 1:
@@ -460,7 +359,7 @@ def run_fit(fit: dict[str, Any], spec: dict[str, Any], writer: RecordWriter, ind
         start = int(fit["batch"] if fit["mode"] == "measure" else fit["policy"]["start"])
         given = fit.get("deepspeed_config")
         run_accelerate_fit(experiment, strategy_spec, lengths, controller, cap, precision, start, index, given)
-        _reset_memory(controller.device)
+        reset_memory(controller.device)
         return
     by_loader = strategy_spec.loader_driven
     module = BenchModule(
@@ -494,7 +393,7 @@ def run_fit(fit: dict[str, Any], spec: dict[str, Any], writer: RecordWriter, ind
     else:
         trainer.fit(module, step_loader(MAX_STEPS))
     del trainer, module
-    _reset_memory(controller.device)
+    reset_memory(controller.device)
 
 
 def main(spec_path: str) -> None:

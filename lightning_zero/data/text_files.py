@@ -131,6 +131,11 @@ def check_encoding(encoding: str) -> None:
 def decode_file(path: Path, encoding: str) -> str:
     """The text of ``path`` in ``encoding``, or a one-line error naming the first byte that is not valid in it."""
     data = path.read_bytes()
+    if b"\0" in data and not codecs.lookup(encoding).name.startswith(("utf-16", "utf-32")):
+        raise ZeroDataError(
+            f"Data file {str(path)!r} is binary, not text (a checkpoint or an archive?): name a {path.suffix} text"
+            " file of rows."
+        )
     skipped = 0
     if codecs.lookup(encoding).name == "utf-8" and data.startswith(codecs.BOM_UTF8):
         skipped = len(codecs.BOM_UTF8)  # Excel's "CSV UTF-8" starts with one

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import copy
 import logging
+import os
 from collections.abc import Generator, Mapping
 from contextlib import contextmanager
 from datetime import timedelta
@@ -23,6 +24,7 @@ from lightning.fabric.utilities.seed import reset_seed
 from lightning.pytorch import LightningModule
 from lightning.pytorch.strategies import DDPStrategy, DeepSpeedStrategy
 from lightning.pytorch.strategies.deepspeed import remove_module_hooks
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from torch.nn import Module
 from torch.optim import Optimizer
 from torchmetrics import Metric
@@ -36,6 +38,7 @@ from lightning_zero.internals import (
     zero3_consolidated_state_dict,
     zero3_gradient_hooks,
 )
+from lightning_zero.packages import TRANSFORMERS
 from lightning_zero.runtime.ops import wait_for_op
 from lightning_zero.runtime.watchdog import WatchedRanks, end_process_groups
 from lightning_zero.strategies import cpu_adam
@@ -218,6 +221,28 @@ class _DeepSpeedOnCpu(DeepSpeedStrategy):
         return initialize_engine(model, config, self._device_rank, optimizer, lr_scheduler, parameters)
 
 
+def lightning_config_path(zero: Any) -> str | None:
+    """The DeepSpeed config file named by Lightning's ``PL_DEEPSPEED_CONFIG_PATH``, read as Lightning's
+    ``DeepSpeedStrategy`` reads it: when no config is given. Given ``zero`` settings (a preset), it is not read,
+    with one warning."""
+    path = os.environ.get(DeepSpeedStrategy.DEEPSPEED_ENV_VAR)
+    if not path:
+        return None
+    if zero is not None:
+        rank_zero_warn(
+            f"{DeepSpeedStrategy.DEEPSPEED_ENV_VAR} is set but not read: this strategy has its own `zero` settings."
+            f" To run from that file, use `ZeroStrategy(deepspeed_config={path!r})`."
+        )
+        return None
+    if not Path(path).is_file():
+        raise ZeroConfigError(
+            f"{DeepSpeedStrategy.DEEPSPEED_ENV_VAR} is '{path}', which is not a file: point it at a DeepSpeed JSON"
+            " or YAML config, or unset it."
+        )
+    rank_zero_info(f"DeepSpeed config from {DeepSpeedStrategy.DEEPSPEED_ENV_VAR}: {path}")
+    return path
+
+
 class DeepSpeedZeroStrategy(ShardedSetup, WatchedRanks, SafeCheckpoints, _DeepSpeedOnCpu):
     """ZeRO stages 0-3 with optional CPU/NVMe offload, through DeepSpeed (also known as ``ZeroStrategy``).
 
@@ -257,6 +282,8 @@ class DeepSpeedZeroStrategy(ShardedSetup, WatchedRanks, SafeCheckpoints, _DeepSp
     ) -> None:
         if zero is not None and deepspeed_config is not None:
             raise ZeroConfigError("Pass either `zero` or `deepspeed_config` to ZeroStrategy, not both.")
+        if deepspeed_config is None:
+            deepspeed_config = lightning_config_path(zero)
         #: The run's typed and DeepSpeed configs, in one frozen value; resolved further as the run is set up.
         self.settings = (
             DeepSpeedSettings.from_zero(DeepSpeedZeroConfig.coerce(zero))
@@ -318,10 +345,10 @@ class DeepSpeedZeroStrategy(ShardedSetup, WatchedRanks, SafeCheckpoints, _DeepSp
 
     @contextmanager
     def model_sharded_context(self) -> Generator[None, None, None]:
-        # Tell transformers that ZeRO-3 is on, so models built in `configure_model` initialise and load
-        # their weights partition by partition (its `HfDeepSpeedConfig` must stay alive while it is used).
+        # Tell transformers, where installed, that ZeRO-3 is on, so models built in `configure_model` initialise
+        # and load their weights partition by partition (its `HfDeepSpeedConfig` must stay alive while it is used).
         self._init_config_if_needed()
-        if self.zero_stage_3 and self._transformers_zero3 is None:
+        if self.zero_stage_3 and self._transformers_zero3 is None and TRANSFORMERS:
             from transformers.integrations import HfDeepSpeedConfig
 
             self._transformers_zero3 = HfDeepSpeedConfig(self.settings.deepspeed_dict())
