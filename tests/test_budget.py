@@ -129,3 +129,44 @@ def test_teardown_lifts_the_process_wide_gpu_cap(monkeypatch: pytest.MonkeyPatch
     assert fractions == []  # nothing was capped
     lift_memory_budget(SimpleNamespace(root_device=gpu, zero=SimpleNamespace(memory_budget_gib=24)))
     assert fractions == [(1.0, gpu)]
+
+
+def test_every_presets_layout_round_trips_through_its_config_fields() -> None:
+    """One layout type: a preset's fields, its typed config, the plan's layout and zero_auto's config fields all say
+    the same layout, a partial stage-3 offload's ratio included (the budget check once took it for a full one)."""
+    from dataclasses import replace
+
+    from lightning_zero.memory.budget import layout_of, preset_layout
+    from lightning_zero.memory.states import Layout
+    from lightning_zero.presets import build_preset
+    from lightning_zero.preset_table import PRESETS
+
+    for preset in PRESETS:
+        if preset.backend == "auto":
+            continue
+        layout = preset_layout(preset)
+        for variant in (layout, replace(layout, activation_checkpointing=True)):
+            device = "nvme" if "nvme" in preset.name else "cpu"
+            assert Layout.of(preset.backend, variant.config_fields(device)) == variant, preset.name
+        fields = {"nvme_path": "/tmp"} if "nvme" in preset.name else {}
+        assert layout_of(preset.backend, build_preset(preset.name, **fields).zero) == layout, preset.name
+    partial = build_preset("zero3_offload", offload_ratio=0.5).zero
+    assert layout_of("deepspeed", partial).offload_ratio == 0.5
+    assert Layout.of("deepspeed", layout_of("deepspeed", partial).config_fields()).offload_ratio == 0.5
+
+
+def test_a_deepspeed_config_files_typed_view_keeps_what_deepspeed_runs() -> None:
+    from lightning_zero.strategies.deepspeed_config import DeepSpeedZeroConfig, to_deepspeed_config, zero_config_of
+
+    given = DeepSpeedZeroConfig(
+        stage=3,
+        offload_optimizer="cpu",
+        offload_ratio=0.3,
+        pin_memory=False,
+        overlap_comm=False,
+        reduce_bucket_size=123,
+        prefetch_bucket_size=456,
+    )
+    assert zero_config_of(to_deepspeed_config(given)) == given
+    written = DeepSpeedZeroConfig(stage=2, offload_optimizer="cpu", allgather_bucket_size=789, contiguous_gradients=False)
+    assert zero_config_of(to_deepspeed_config(written)) == written

@@ -130,19 +130,14 @@ def candidate_zero(base: AutoZeroConfig, candidate: Candidate) -> DeepSpeedZeroC
     ratio included), pinning, bucket size and approximate lever (refused unless ``base.approximate``)."""
     if candidate.lever and not base.approximate:
         raise ZeroConfigError(f"`{candidate.lever}` is approximate: zero_auto tries it only with `approximate: true`.")
-    layout = candidate.layout
     given = {field.name: getattr(base, field.name) for field in dataclasses.fields(DeepSpeedZeroConfig)}
     return DeepSpeedZeroConfig(
         **{
             **given,
-            "stage": layout.stage,
-            "offload_optimizer": "cpu" if layout.offload_optimizer else "none",
-            "offload_parameters": "cpu" if layout.offload_parameters else "none",
-            "activation_checkpointing": layout.activation_checkpointing,
+            **candidate.layout.config_fields(),
             "pin_memory": candidate.pin_memory,
             "reduce_bucket_size": candidate.bucket_size,
             "allgather_bucket_size": candidate.bucket_size,
-            "offload_ratio": layout.offload_ratio if layout.offload_optimizer else 1.0,
             BF16_STATES: candidate.lever == BF16_STATES,
             ZENFLOW: candidate.lever == ZENFLOW,
         }

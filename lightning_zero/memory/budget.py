@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from lightning_zero.errors import ZeroConfigError
-from lightning_zero.memory.states import Layout, ModelStates, ParameterShapes, model_states
+from lightning_zero.memory.states import LAYOUT_FIELDS, Layout, ModelStates, ParameterShapes, model_states
 from lightning_zero.preset_table import PRESETS, Preset
 from lightning_zero.sharding import BudgetedStrategy
 
@@ -24,13 +24,7 @@ GIB = 2**30
 
 def preset_layout(preset: Preset) -> Layout:
     """The :class:`Layout` a preset's fields ask for (its backend's config defaults for the rest)."""
-    fields = preset.fields
-    return Layout(
-        backend=preset.backend,
-        stage=int(fields["stage"]),
-        offload_optimizer=fields.get("offload_optimizer", "none") != "none",
-        offload_parameters=fields.get("offload_parameters", "none") != "none",
-    )
+    return Layout.of(preset.backend, preset.fields)
 
 
 def _memory_saving(layout: Layout) -> tuple[int, int]:
@@ -54,14 +48,8 @@ def readable_size(num_bytes: float) -> str:
 
 
 def layout_of(backend: str, zero: Any) -> Layout:
-    """The :class:`Layout` a backend's ZeRO config asks for."""
-    return Layout(
-        backend=backend,
-        stage=zero.stage,
-        offload_optimizer=zero.offload_optimizer != "none",
-        offload_parameters=zero.offload_parameters != "none",
-        activation_checkpointing=zero.activation_checkpointing,
-    )
+    """The :class:`Layout` a backend's typed ZeRO config asks for (a partial stage-3 offload's ratio included)."""
+    return Layout.of(backend, {name: getattr(zero, name) for name in LAYOUT_FIELDS if hasattr(zero, name)})
 
 
 def cap_device_memory(device: torch.device, budget_gib: float) -> None:

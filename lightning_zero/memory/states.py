@@ -10,7 +10,9 @@ and host bytes are DeepSpeed's own estimators' figures.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from torch import nn
 
@@ -20,6 +22,10 @@ from lightning_zero.precision import half_dtype, mixed_dtype
 ADAM_STATES = 2
 FP32 = 4
 _DEEPSPEED_ALIGNMENT = 2  # DeepSpeed aligns flat stage 1-2 partitions to 2 elements per rank
+
+
+#: The fields of a backend's config that say its layout (:meth:`Layout.of`); the others say how it runs.
+LAYOUT_FIELDS = ("stage", "offload_optimizer", "offload_parameters", "offload_ratio", "activation_checkpointing")
 
 
 @dataclass(frozen=True)
@@ -41,6 +47,31 @@ class Layout:
     offload_parameters: bool = False
     offload_ratio: float = 1.0
     activation_checkpointing: bool = False
+
+    @classmethod
+    def of(cls, backend: str, fields: Mapping[str, Any]) -> Layout:
+        """The layout a backend config's fields ask for: a preset's fields, or a config's own (each missing field at
+        its default). The one conversion from configs to layouts; :meth:`config_fields` is its inverse."""
+        return cls(
+            backend=backend,
+            stage=int(fields["stage"]),
+            offload_optimizer=fields.get("offload_optimizer", "none") != "none",
+            offload_parameters=fields.get("offload_parameters", "none") != "none",
+            offload_ratio=float(fields.get("offload_ratio", 1.0)),
+            activation_checkpointing=bool(fields.get("activation_checkpointing", False)),
+        )
+
+    def config_fields(self, offload_device: str = "cpu") -> dict[str, Any]:
+        """The fields of a backend config that ask for this layout, offloading to ``offload_device``."""
+        fields: dict[str, Any] = {
+            "stage": self.stage,
+            "offload_optimizer": offload_device if self.offload_optimizer else "none",
+            "offload_parameters": offload_device if self.offload_parameters else "none",
+            "activation_checkpointing": self.activation_checkpointing,
+        }
+        if self.offload_ratio != 1.0:
+            fields["offload_ratio"] = self.offload_ratio
+        return fields
 
     @property
     def name(self) -> str:

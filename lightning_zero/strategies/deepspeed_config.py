@@ -253,9 +253,28 @@ def zero_stage(ds_config: Mapping[str, Any]) -> int:
 _FP16_FIELDS = ("loss_scale", "initial_scale_power", "loss_scale_window", "hysteresis", "min_loss_scale")
 
 
+#: ``zero_optimization`` keys and the :class:`DeepSpeedZeroConfig` fields they fill (:func:`zero_optimization_section`).
+_SECTION_FIELDS = {
+    "overlap_comm": "overlap_comm",
+    "contiguous_gradients": "contiguous_gradients",
+    "reduce_bucket_size": "reduce_bucket_size",
+    "allgather_bucket_size": "allgather_bucket_size",
+    "sub_group_size": "sub_group_size",
+    "stage3_prefetch_bucket_size": "prefetch_bucket_size",
+    "stage3_param_persistence_threshold": "param_persistence_threshold",
+    "stage3_max_live_parameters": "max_live_parameters",
+}
+
+
+def _given(value: Any) -> bool:
+    """Whether a config value is set to a value of its own (not missing, ``None`` or ``"auto"``)."""
+    return value is not None and value != AUTO
+
+
 def zero_config_of(ds_config: Mapping[str, Any]) -> DeepSpeedZeroConfig:
-    """What a full DeepSpeed config says in our terms: stage, offload devices, NVMe path, fp16 loss scaling, and
-    whether the CPU optimizer keeps bf16 states or runs ZenFlow (and overlaps its step).
+    """What a full DeepSpeed config says in our terms: stage, offload devices, NVMe path, pinning and ratio, the
+    communication settings and buckets it sets, fp16 loss scaling, and whether the CPU optimizer keeps bf16 states
+    or runs ZenFlow (and overlaps its step).
 
     The strategy reads these (parameter placement, CPU Adam under offload) from the config it runs, so a
     config file and the strategy never disagree. Settings only lightning-zero has keep their defaults.
@@ -270,11 +289,18 @@ def zero_config_of(ds_config: Mapping[str, Any]) -> DeepSpeedZeroConfig:
     bf16 = ds_config.get("bf16") or {}
     zenflow = section.get("zenflow") or {}
     offloaded = (optimizer.get("device") or "none") != "none"
+    runs_with = {field: section[key] for key, field in _SECTION_FIELDS.items() if _given(section.get(key))}
+    offloads: dict[str, Any] = {
+        "pin_memory": optimizer.get("pin_memory", parameters.get("pin_memory")),
+        "offload_ratio": optimizer.get("ratio"),
+    }
     return DeepSpeedZeroConfig(
         stage=stage,
         offload_optimizer=optimizer.get("device") or "none",
         offload_parameters=parameters.get("device") or "none",
         nvme_path=optimizer.get("nvme_path") or parameters.get("nvme_path"),
+        **runs_with,
+        **{name: value for name, value in offloads.items() if _given(value)},
         # What the CPU optimizer the strategy builds must do: only under optimizer offload.
         bf16_optimizer_states=offloaded and bool(bf16.get("bf16_optimizer_states", False)),
         zenflow=offloaded and bool(zenflow),
