@@ -32,6 +32,7 @@ from lightning_zero.internals import abstract_tensors
 from lightning_zero.memory.budget import GIB
 from lightning_zero.memory.probe import ActivationProbe, probe_activations
 from lightning_zero.memory.states import ParameterShapes
+from lightning_zero.preflight import check_config_file
 from lightning_zero.runtime.batches import samples_in, training_loss
 
 #: Batches of examples a data module of ours prepares for ``plan``, which probes its first batch.
@@ -54,7 +55,8 @@ class ConfigPlan:
 def _trainer_section(path: Path) -> dict[str, Any]:
     if not path.is_file():
         raise ZeroConfigError(f"Config file {str(path)!r} does not exist: pass an existing YAML file to --config.")
-    loaded = yaml.safe_load(path.read_text()) or {}
+    check_config_file(path)
+    loaded = yaml.safe_load(path.read_text())
     return dict(loaded.get("trainer") or {})
 
 

@@ -1,6 +1,6 @@
 """One ZeRO config, three backends: DeepSpeed (zero2), FairScale (zero2_fairscale), FSDP2 (zero2_fsdp).
 
-configs/backend_switch.yaml holds one ``zero`` mapping; each backend's strategy class takes it unchanged, both
+examples/backend_switch.yaml holds one ``zero`` mapping; each backend's strategy class takes it unchanged, both
 in Python and through LightningCLI's ``class_path``/``init_args``.
 
 Tolerance: the three ZeRO-2 implementations do DDP's float32 arithmetic on 2 processes, and were measured

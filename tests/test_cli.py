@@ -14,9 +14,8 @@ import torch
 from lightning_zero.cli import SUBCOMMANDS, ZeroCLI, list_strategies, main
 from tests.helpers.launch import REPO, run_script
 
-# configs/backend_switch.yaml is a `zero` fragment shared by three strategies (tests/test_backend_switch.py
-# checks it); every other YAML is a whole LightningCLI config.
-CONFIGS = sorted(path for path in (REPO / "configs").glob("*.yaml") if path.stem != "backend_switch")
+# Every YAML in configs/ is a whole LightningCLI config.
+CONFIGS = sorted((REPO / "configs").glob("*.yaml"))
 CPU_TWINS = [path for path in CONFIGS if path.stem.endswith("_cpu")]
 MAIN = REPO / "main.py"
 CONFIGS_RUN = REPO / "tests" / "helpers" / "configs_run.py"

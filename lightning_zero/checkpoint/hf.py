@@ -15,6 +15,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from lightning_zero.packages import TRANSFORMERS, app_extra_error
+
 HF_KEY = "lightning_zero_hf"
 
 
@@ -55,6 +57,8 @@ def _files_of(tokenizer: Any) -> dict[str, bytes]:
 
 def write_hf_dir(record: dict[str, Any], state: dict[str, torch.Tensor], directory: Path, dtype: torch.dtype) -> None:
     """``save_pretrained`` of the recorded model class with ``state`` (the LightningModule's names), safetensors."""
+    if not TRANSFORMERS:
+        raise app_extra_error("transformers", "`consolidate --hf-dir`")
     import transformers
 
     settings = json.loads(record["config"])

@@ -43,8 +43,7 @@ def check_checkpoint(path: Any, module: nn.Module | None = None) -> None:
         raise ZeroConfigError(f"Checkpoint '{path}' does not exist{_why_missing(path)}: {_PASS}.")
     if not _is_checkpoint_directory(path) and (enclosing := _enclosing_checkpoint(path)) is not None:
         raise ZeroConfigError(
-            f"'{path}' is inside the checkpoint '{enclosing}'. Try to load using this parent directory instead:"
-            f" {enclosing}"
+            f"'{path}' is inside a checkpoint. Try to load using this parent directory instead: {enclosing}"
         )
     if path.is_dir():
         _check_directory(path, module)
@@ -134,7 +133,7 @@ def _written_by_lightning(content: dict[str, Any]) -> bool:
 
 def _what_it_holds(content: Any) -> str:
     if isinstance(content, dict):
-        keys = list(content)[:3]
+        keys = [str(key)[:40] for key in list(content)[:1]]
         return f"a mapping of {len(content)} entries such as {keys}"
     return f"a {type(content).__name__}"
 

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, Literal, TypeVar
 
 from lightning_zero.errors import ZeroConfigError
+from lightning_zero.preset_table import did_you_mean
 
 OffloadDevice = Literal["none", "cpu", "nvme"]
 _OFFLOAD_DEVICES = ("none", "cpu", "nvme")
@@ -76,7 +77,10 @@ class ZeroConfig:
         valid = [f.name for f in dataclasses.fields(cls)]
         unknown = sorted(set(values) - set(valid))
         if unknown:
-            raise ZeroConfigError(f"Unknown {cls.__name__} key(s) {unknown}: valid keys are {valid}.")
+            raise ZeroConfigError(
+                f"Unknown {cls.__name__} key(s) {unknown}: {did_you_mean(unknown[0], valid)}"
+                f"remove {'them' if len(unknown) > 1 else 'it'} (every field: docs/strategies.md)."
+            )
         return cls(**values)
 
     @classmethod

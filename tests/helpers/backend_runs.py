@@ -14,7 +14,7 @@ A run is ``KIND:STRATEGY``. STRATEGY is a Lightning strategy name or a preset wi
 * ``load``: one process, the checkpoint ``ckpt-<strategy>`` written by an earlier 2-process ``resume`` run, resumed
   with twice the batch (so a step sees the same samples as the two processes did) to ``--steps``.
 * ``gan``: a GAN with two optimizers under manual optimization: generator and discriminator losses.
-* ``switch``: the ``zero`` mapping of ``configs/backend_switch.yaml`` given to the strategy class named by
+* ``switch``: the ``zero`` mapping of ``examples/backend_switch.yaml`` given to the strategy class named by
   STRATEGY (a dotted path), trained like ``train``.
 """
 
@@ -46,7 +46,7 @@ from tests.helpers.tiny import TinyLM, token_data
 from tests.helpers.trainer import end_process_group, quiet_trainer
 
 REPO = Path(__file__).resolve().parents[2]
-SWITCH_CONFIG = REPO / "configs" / "backend_switch.yaml"
+SWITCH_CONFIG = REPO / "examples" / "backend_switch.yaml"
 CLIP = 0.5  # below the tiny GPT-2's gradient norm (about 1.2 at the start), so clipping acts
 SAMPLES = 48  # 6 steps an epoch at 2 x 4 (or 1 x 8) samples a step: a checkpoint at step 6 ends an epoch
 
