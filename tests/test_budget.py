@@ -138,8 +138,8 @@ def test_every_presets_layout_round_trips_through_its_config_fields() -> None:
 
     from lightning_zero.memory.budget import layout_of, preset_layout
     from lightning_zero.memory.states import Layout
-    from lightning_zero.presets import build_preset
     from lightning_zero.preset_table import PRESETS
+    from lightning_zero.presets import build_preset
 
     for preset in PRESETS:
         if preset.backend == "auto":
