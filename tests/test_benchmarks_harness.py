@@ -375,7 +375,8 @@ def test_the_accelerate_row_is_zero3_with_both_offloads_and_no_clipping_as_accel
     assert (plugin.zero_stage, plugin.offload_optimizer_device, plugin.offload_param_device) == (3, "cpu", "cpu")
     assert plugin.zero3_init_flag, "the model is built partitioned, as Accelerate does under ZeRO-3"
     assert plugin.deepspeed_config["gradient_clipping"] == 0.0 and zero["stage3_prefetch_bucket_size"] == "auto"
-    with pytest.raises(ValueError, match=r"no Accelerate layout for 'zero2': choose from \['zero2_offload', 'zero3_offload'\]"):
+    layouts = r"\['zero2_offload', 'zero3_offload'\]"
+    with pytest.raises(ValueError, match=rf"no Accelerate layout for 'zero2': choose from {layouts}"):
         deepspeed_config(StrategySpec("accelerate_ds2", "accelerate", "zero2"))
 
 

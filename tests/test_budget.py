@@ -168,5 +168,7 @@ def test_a_deepspeed_config_files_typed_view_keeps_what_deepspeed_runs() -> None
         prefetch_bucket_size=456,
     )
     assert zero_config_of(to_deepspeed_config(given)) == given
-    written = DeepSpeedZeroConfig(stage=2, offload_optimizer="cpu", allgather_bucket_size=789, contiguous_gradients=False)
+    written = DeepSpeedZeroConfig(
+        stage=2, offload_optimizer="cpu", allgather_bucket_size=789, contiguous_gradients=False
+    )
     assert zero_config_of(to_deepspeed_config(written)) == written
