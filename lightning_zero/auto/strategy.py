@@ -303,7 +303,7 @@ class ZeroAutoStrategy(ZeroStrategy):
             with abstract_tensors():
                 counted = copy_of(module, trainer, self._engine_dtype(), self.root_device)
                 return saved_bytes_lines(counted, training_loss(counted), samples)
-        except RuntimeError:
+        except (RuntimeError, NotImplementedError):  # fake tensors raise these for what they cannot run
             return None
 
     def measure(self, trainer: Any, module: LightningModule, batch: Any, candidate: Candidate) -> Measurement:
