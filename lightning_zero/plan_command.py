@@ -88,23 +88,19 @@ def plan_for_config(
     precision = str(trainer.get("precision", "32-true"))
     module, data = _built(config)
     batch = _first_batch(module, data)
-    try:
-        if device.type == "cuda":
-            raise _RealProbe
-        shapes, probe = _probe_abstractly(module, batch, precision)
-    except (RuntimeError, _RealProbe):
-        if device.type == "cpu":
-            module, _ = _built(config)  # the abstract attempt built its network from abstract tensors
+    if device.type == "cuda":
         shapes, probe = _probe_for_real(module, batch, precision, device)
+    else:
+        try:
+            shapes, probe = _probe_abstractly(module, batch, precision)
+        except RuntimeError:
+            module, _ = _built(config)  # the abstract attempt built its network from abstract tensors
+            shapes, probe = _probe_for_real(module, batch, precision, device)
     budget = _budget_from(trainer, budget_gib, device)
     devices = devices or _count(trainer.get("devices", 1))
     nodes = nodes or int(trainer.get("num_nodes", 1))
     rows = make_plan(shapes, probe, budget, devices, nodes, precision, samples_in(batch))
     return ConfigPlan(devices, nodes, precision, samples_in(batch), budget, probe, rows)
-
-
-class _RealProbe(Exception):
-    """The probe is to run on real tensors."""
 
 
 def _built(config: Path) -> tuple[LightningModule, Any]:

@@ -87,37 +87,30 @@ def run_trial(
 
     Everything the trial allocated is given back before this returns (:func:`give_back_memory`).
     """
+
+    def timed() -> TrialOutcome:
+        # The engine, the ZeRO optimizer and the module live only in this frame: nothing of the trial outlives it.
+        trial, optimizer = build()
+        engine = None
+        try:
+            engine, _ = initialize_engine(trial, ds_config, device_rank, optimizer)
+            seconds, counted = timed_steps(engine, training_loss(trial), samples, steps, device)
+            return TrialOutcome(True, seconds, counted)
+        except RuntimeError as error:
+            if not is_out_of_memory(error):
+                raise
+            return TrialOutcome(False, reason="out of memory")
+        finally:
+            if engine is not None:
+                engine.destroy()
+            forget_zero3_modules(trial)
+
     try:
-        return _timed_trial(build, ds_config, device_rank, samples, steps, device)
+        return timed()
     except TrialRefused as refused:
         return TrialOutcome(False, reason=str(refused))
     finally:
         give_back_memory(device)
-
-
-def _timed_trial(
-    build: TrialBuilder,
-    ds_config: Mapping[str, Any],
-    device_rank: int,
-    samples: Any,
-    steps: StepPlan,
-    device: torch.device,
-) -> TrialOutcome:
-    # The engine, the ZeRO optimizer and the module live only in this frame: nothing of the trial outlives it.
-    trial, optimizer = build()
-    engine = None
-    try:
-        engine, _ = initialize_engine(trial, ds_config, device_rank, optimizer)
-        seconds, counted = timed_steps(engine, training_loss(trial), samples, steps, device)
-        return TrialOutcome(True, seconds, counted)
-    except RuntimeError as error:
-        if not is_out_of_memory(error):
-            raise
-        return TrialOutcome(False, reason="out of memory")
-    finally:
-        if engine is not None:
-            engine.destroy()
-        forget_zero3_modules(trial)
 
 
 def timed_steps(

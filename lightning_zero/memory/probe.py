@@ -187,12 +187,15 @@ def probe_activations(
     try:
         _cuda_peak(model, loss_fn, one, precision, device)  # gradients allocated once, outside the measurement
         plain = per_sample_from_peaks(plain[0], _peaks(model, loss_fn, batch, precision, device, plain[0]))
+        unchecked_fit = True
     except torch.OutOfMemoryError:  # not one sample fits without checkpointing: the saved bytes stand
         model.zero_grad(set_to_none=False)
         torch.cuda.empty_cache()
+        unchecked_fit = False
     if enable_activation_checkpointing(model) == 0:
         return ActivationProbe(*plain, *plain, method="saved tensors + cuda peak")
-    _cuda_peak(model, loss_fn, one, precision, device)  # any gradient the failed pass left unallocated
+    if not unchecked_fit:
+        _cuda_peak(model, loss_fn, one, precision, device)  # the gradients the failed pass left unallocated
     ckpt = per_sample_from_peaks(ckpt[0], _peaks(model, loss_fn, batch, precision, device, ckpt[0]))
     return ActivationProbe(*plain, *ckpt, method="saved tensors + cuda peak")
 
