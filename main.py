@@ -2,7 +2,7 @@
 
 import sys
 
-from lightning_zero.cli import main
+from lightning_zero.app.cli import main
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -14,8 +14,8 @@ import argparse
 import lightning as L
 
 import lightning_zero  # noqa: F401  (registers "zero3_offload" and the other presets)
-from lightning_zero.data.movie_reviews import MovieReviewsDataModule
-from lightning_zero.tasks.classification import SequenceClassificationTask
+from lightning_zero.app.data.movie_reviews import MovieReviewsDataModule
+from lightning_zero.app.tasks.classification import SequenceClassificationTask
 
 
 def main() -> None:

@@ -4,6 +4,7 @@ Importing the package registers the presets (``zero1`` ... ``zero3_offload_nvme`
 strategy registry, so ``Trainer(strategy="zero3_offload")`` works.
 """
 
+from lightning_zero import moved
 from lightning_zero.auto.strategy import AutoZeroConfig, ZeroAutoStrategy
 from lightning_zero.errors import LightningZeroError, ZeroConfigError, ZeroDataError
 from lightning_zero.presets import PRESETS, build_preset, preset_names, register_presets
@@ -11,6 +12,7 @@ from lightning_zero.strategies import DeepSpeedZeroConfig, DeepSpeedZeroStrategy
 from lightning_zero.version import __version__
 
 register_presets()
+moved.install()
 
 __all__ = [
     "PRESETS",

@@ -248,14 +248,14 @@ ACCESSED: dict[tuple[str, str], str] = {
     ("lightning_zero.strategies.fsdp2", "_tensor_parallel_size"): f"{_MP}.setup_environment",
     ("lightning_zero.checkpoint.resume", "_combined_loader"): "lightning.pytorch.loops.fit_loop._FitLoop.setup_data",
     ("lightning_zero.checkpoint.resume", "_data_fetcher"): "lightning.pytorch.loops.fit_loop._FitLoop.setup_data",
-    ("lightning_zero.tasks.base", "_apply"): "torch.nn.Module._apply",
-    ("lightning_zero.tasks.base", "_modules"): "torch.nn.Module._apply",
-    ("lightning_zero.tasks.classification", "_trainer"): "lightning.pytorch.core.module.LightningModule.trainer",
-    ("lightning_zero.tasks.seq2seq", "_trainer"): "lightning.pytorch.core.module.LightningModule.trainer",
+    ("lightning_zero.app.tasks.base", "_apply"): "torch.nn.Module._apply",
+    ("lightning_zero.app.tasks.base", "_modules"): "torch.nn.Module._apply",
+    ("lightning_zero.app.tasks.classification", "_trainer"): "lightning.pytorch.core.module.LightningModule.trainer",
+    ("lightning_zero.app.tasks.seq2seq", "_trainer"): "lightning.pytorch.core.module.LightningModule.trainer",
     ("lightning_zero.callbacks.throughput", "_throughputs"): (
         "lightning.pytorch.callbacks.throughput_monitor.ThroughputMonitor.setup"
     ),
-    ("lightning_zero.cli", "_parse_ckpt_path"): "lightning.pytorch.cli.LightningCLI._parse_ckpt_path",
+    ("lightning_zero.app.cli", "_parse_ckpt_path"): "lightning.pytorch.cli.LightningCLI._parse_ckpt_path",
 }
 
 

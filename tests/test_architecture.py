@@ -10,22 +10,30 @@ from tests.helpers.launch import REPO
 
 PACKAGE = REPO / "lightning_zero"
 
-#: Lowest first; a module may import from its own layer and the layers before it.
-LAYERS: tuple[frozenset[str], ...] = (
+#: Lowest first; a module may import from its own layer and the layers before it. The library (what
+#: ``pip install lightning-zero`` needs) ends at ``__init__``; the application (``app``, the ``app`` extra) sits above
+#: it, so no library module can import it.
+LIBRARY: tuple[frozenset[str], ...] = (
     frozenset(
         {"errors", "precision", "quiet", "hardware", "packages", "internals", "preset_table", "sharding", "version"}
     ),
     frozenset({"runtime"}),
-    frozenset({"models"}),
-    frozenset({"data"}),
     frozenset({"memory"}),
     frozenset({"checkpoint"}),
     frozenset({"strategies"}),
     frozenset({"auto"}),
     frozenset({"presets"}),
-    frozenset({"tasks", "callbacks"}),
-    frozenset({"__init__", "parse_errors", "preflight", "cli", "plan_command", "chat"}),
+    frozenset({"callbacks"}),
+    frozenset({"__init__", "moved"}),
 )
+APPLICATION: tuple[frozenset[str], ...] = (
+    frozenset({"app.models"}),
+    frozenset({"app.data"}),
+    frozenset({"app.tasks"}),
+    frozenset({"app.parse_errors", "app.preflight", "app.hf_export", "app.consolidate"}),
+    frozenset({"app.__init__", "app.cli", "app.plan_command", "app.chat"}),
+)
+LAYERS = LIBRARY + APPLICATION
 
 
 def layer_of(unit: str) -> int:
@@ -33,8 +41,11 @@ def layer_of(unit: str) -> int:
 
 
 def unit_of(module: str) -> str:
-    """The top-level module or sub-package of ``lightning_zero`` a dotted module name is in."""
+    """The top-level module or sub-package of ``lightning_zero`` a dotted module name is in (one level deeper in
+    ``app``)."""
     parts = module.split(".")
+    if parts[1:2] == ["app"]:
+        return f"app.{parts[2]}" if len(parts) > 2 else "app.__init__"
     return parts[1] if len(parts) > 1 else "__init__"
 
 
@@ -50,7 +61,8 @@ def imported_units(path: Path) -> set[str]:
 
 def test_every_module_has_a_layer() -> None:
     units = {path.relative_to(PACKAGE).parts[0].removesuffix(".py") for path in PACKAGE.glob("*")}
-    units -= {"__pycache__", "py.typed"}
+    units |= {f"app.{path.name.removesuffix('.py')}" for path in (PACKAGE / "app").glob("*")}
+    units -= {"__pycache__", "py.typed", "app", "app.__pycache__"}
     assert sorted(unit for unit in units if not any(unit in names for names in LAYERS)) == []
 
 
@@ -62,6 +74,20 @@ def test_imports_flow_down_the_layers() -> None:
             if layer_of(target) > layer_of(here):
                 upward.append(f"{path.relative_to(REPO)} imports lightning_zero.{target}")
     assert upward == []
+
+
+def test_the_library_never_imports_the_application() -> None:
+    """The layer rule above, said for the split that matters most: with the ``app`` extra missing, nothing the
+    strategies import may need it."""
+    library = {unit for names in LIBRARY for unit in names}
+    into_app = [
+        f"{path.relative_to(REPO)} imports lightning_zero.{target}"
+        for path in sorted(PACKAGE.rglob("*.py"))
+        if unit_of(".".join(path.relative_to(REPO).with_suffix("").parts)) in library
+        for target in imported_units(path)
+        if target.startswith("app.")
+    ]
+    assert into_app == []
 
 
 def test_every_strategy_keeps_the_contract_of_the_layers_below() -> None:

@@ -23,7 +23,7 @@ from lightning.pytorch import Trainer
 from lightning.pytorch.demos.boring_classes import BoringModel
 from lightning.pytorch.strategies.launchers.subprocess_script import _SubprocessScriptLauncher
 
-from lightning_zero.cli import main
+from lightning_zero.app.cli import main
 from lightning_zero.errors import ZeroConfigError
 from lightning_zero.quiet import quiet_libraries
 from lightning_zero.strategies.deepspeed import ZeroStrategy
@@ -34,7 +34,7 @@ QUICKSTART = ["fit", "--config", str(REPO / "configs" / "quickstart.yaml")]
 FILES_DATA = [
     "--model.init_args.model=shape:tiny-deberta-v2",
     "--model.init_args.tokenizer=sentence-transformers/all-MiniLM-L6-v2",
-    "--data=lightning_zero.data.text_files.TextClassificationFilesDataModule",
+    "--data=lightning_zero.app.data.text_files.TextClassificationFilesDataModule",
     "--data.init_args.tokenizer=sentence-transformers/all-MiniLM-L6-v2",
 ]
 #: The longest error line, `error: ` included: it fits a wide terminal's line or two and still names the fix.
@@ -365,7 +365,7 @@ def test_a_file_in_another_encoding_ends_a_two_process_run_at_once_without_a_tra
 
 # --- inputs of the wrong kind: another kind of checkpoint, config or data file, or an empty one --------------------
 
-CLASSIFIER = "lightning_zero.tasks.classification.SequenceClassificationTask"
+CLASSIFIER = "lightning_zero.app.tasks.classification.SequenceClassificationTask"
 
 
 def classifier_checkpoint(tmp_path: Path, saved_by_cli: bool) -> str:

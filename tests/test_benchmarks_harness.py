@@ -233,7 +233,7 @@ _BENCH_SETUP_IMPORTS = """
 import sys
 from benchmarks.bench.catalogue import EXPERIMENTS
 from benchmarks.bench.workload import BenchModule
-from lightning_zero.models.shapes import shape_config
+from lightning_zero.app.models.shapes import shape_config
 def modeling_module(experiment):
     model_type = shape_config(f"shape:{experiment.shape}").model_type.replace("-", "_")
     return f"transformers.models.{model_type}.modeling_{model_type}"

@@ -11,13 +11,13 @@ from transformers import AutoModelForCausalLM, GPT2LMHeadModel
 from transformers.models.gpt2.modeling_gpt2 import GPT2Block
 from transformers.models.llama.modeling_llama import LlamaDecoderLayer
 
-from lightning_zero.models.blocks import (
+from lightning_zero.app.models.shapes import shape_config
+from lightning_zero.runtime.blocks import (
     compile_blocks,
     enable_activation_checkpointing,
     transformer_block_classes,
     transformer_blocks,
 )
-from lightning_zero.models.shapes import shape_config
 from tests.helpers.tiny import SEQ, VOCAB, tiny_gpt2_config
 
 

@@ -23,11 +23,11 @@ import torch
 from lightning.pytorch.strategies import ModelParallelStrategy
 from torch.utils.data import Dataset
 
-from lightning_zero.data.corpora import corpus_texts
-from lightning_zero.data.text_corpus import TextBlocksDataModule, pack_blocks, split_texts
+from lightning_zero.app.data.corpora import corpus_texts
+from lightning_zero.app.data.text_corpus import TextBlocksDataModule, pack_blocks, split_texts
+from lightning_zero.app.tasks.causal_lm import CausalLMTask
+from lightning_zero.app.tasks.metrics import TokenPerplexity, bleu_metric, token_nll
 from lightning_zero.errors import ZeroConfigError
-from lightning_zero.tasks.causal_lm import CausalLMTask
-from lightning_zero.tasks.metrics import TokenPerplexity, bleu_metric, token_nll
 from tests.helpers.runif import RunIf
 from tests.helpers.trainer import quiet_trainer
 
@@ -222,7 +222,7 @@ def _parity_worker(out: str, runs: list[str]) -> None:
     from torch.utils.data import DataLoader
 
     import lightning_zero  # noqa: F401  (registers zero2/zero3)
-    from lightning_zero.tasks.seq2seq import Seq2SeqTask
+    from lightning_zero.app.tasks.seq2seq import Seq2SeqTask
 
     class FixedPredictions(Seq2SeqTask):
         """The real task's metric path fed with fixed predictions; the batch holds only indices."""

@@ -18,11 +18,12 @@ from tokenizers.models import WordLevel
 from tokenizers.pre_tokenizers import Whitespace
 from transformers import AutoTokenizer, GPT2LMHeadModel, PreTrainedTokenizerFast
 
-from lightning_zero.checkpoint.consolidate import consolidate
-from lightning_zero.checkpoint.hf import hf_record, write_hf_dir
+from lightning_zero.app.cli import main
+from lightning_zero.app.consolidate import consolidate
+from lightning_zero.app.hf_export import write_hf_dir
+from lightning_zero.checkpoint.hf import hf_record
 from lightning_zero.checkpoint.manifest import MANIFEST_NAME, Manifest, ModelSignature, write_manifest
 from lightning_zero.checkpoint.validate import check_checkpoint
-from lightning_zero.cli import main
 from lightning_zero.errors import ZeroConfigError
 from tests.helpers.tiny import TinyLM
 from tests.helpers.trainer import quiet_trainer

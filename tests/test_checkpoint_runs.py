@@ -34,8 +34,9 @@ import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 from safetensors.torch import load_file
 
+from lightning_zero.app.cli import main
+from lightning_zero.app.consolidate import consolidate
 from lightning_zero.checkpoint.atomic import PARTIAL_SUFFIX
-from lightning_zero.checkpoint.consolidate import consolidate
 from lightning_zero.checkpoint.manifest import Manifest, ModelSignature, read_manifest
 from lightning_zero.checkpoint.reshard import (
     NATIVE,
@@ -49,7 +50,6 @@ from lightning_zero.checkpoint.reshard import (
 )
 from lightning_zero.checkpoint.resume import ExactResume, fix_epoch_end_loop_state
 from lightning_zero.checkpoint.validate import check_checkpoint
-from lightning_zero.cli import main
 from tests.helpers.backend_runs import ShortEpochLM
 from tests.helpers.checkpoint_run import DropoutLM
 from tests.helpers.launch import REPO, run_script

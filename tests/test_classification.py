@@ -15,12 +15,12 @@ import torch
 from torch import nn
 from torchmetrics import Metric
 
-from lightning_zero.data.movie_reviews import MovieReviewsDataModule
+from lightning_zero.app.data.movie_reviews import MovieReviewsDataModule
+from lightning_zero.app.tasks import base
+from lightning_zero.app.tasks.classification import SequenceClassificationTask
+from lightning_zero.app.tasks.optimization import decay_parameter_names, parameter_groups
 from lightning_zero.errors import ZeroConfigError
 from lightning_zero.hardware import cpu_precision
-from lightning_zero.tasks import base
-from lightning_zero.tasks.classification import SequenceClassificationTask
-from lightning_zero.tasks.optimization import decay_parameter_names, parameter_groups
 from tests.helpers.runif import RunIf
 
 MINILM = "sentence-transformers/all-MiniLM-L6-v2"
@@ -58,9 +58,9 @@ def test_model_is_built_once_in_configure_model_with_the_tokenizer_vocabulary() 
 
 _IMPORTED_IN_SETUP = """
 import sys
-from lightning_zero.tasks.causal_lm import CausalLMTask
-from lightning_zero.tasks.classification import SequenceClassificationTask
-from lightning_zero.tasks.seq2seq import Seq2SeqTask
+from lightning_zero.app.tasks.causal_lm import CausalLMTask
+from lightning_zero.app.tasks.classification import SequenceClassificationTask
+from lightning_zero.app.tasks.seq2seq import Seq2SeqTask
 tasks = {
     "deberta_v2": SequenceClassificationTask(model="shape:tiny-deberta-v2"),
     "t5": Seq2SeqTask(model="shape:tiny-t5"),
@@ -184,7 +184,7 @@ def test_no_decay_for_biases_and_norms() -> None:
 def test_one_no_decay_rule_for_every_tasks_model() -> None:
     from transformers import AutoModelForCausalLM, AutoModelForSeq2SeqLM
 
-    from lightning_zero.models.loading import build_model
+    from lightning_zero.app.models.loading import build_model
 
     gpt2 = decay_parameter_names(build_model(AutoModelForCausalLM, "shape:tiny-gpt2", vocab_size=64))
     assert "transformer.h.0.attn.c_attn.weight" in gpt2 and "transformer.h.0.ln_1.weight" not in gpt2
@@ -210,7 +210,7 @@ def test_optimizer_is_adamw_with_linear_warmup_and_decay_per_step(monkeypatch: p
 
 
 def test_unknown_number_of_training_steps_is_an_error() -> None:
-    from lightning_zero.tasks.causal_lm import CausalLMTask
+    from lightning_zero.app.tasks.causal_lm import CausalLMTask
 
     for task in (_tiny_task(), CausalLMTask()):
         task.model = task.model or torch.nn.Linear(2, 2)
@@ -247,7 +247,7 @@ def test_minilm_learns_movie_review_sentiment_in_60_steps(tmp_path: Path) -> Non
 def test_a_16_bit_checkpoint_loads_in_fp32(tmp_path: Path) -> None:
     from transformers import AutoModelForCausalLM
 
-    from lightning_zero.models.loading import build_model
+    from lightning_zero.app.models.loading import build_model
 
     model: Any = build_model(AutoModelForCausalLM, "shape:tiny-gpt2", vocab_size=64)
     model.to(torch.float16).save_pretrained(tmp_path)

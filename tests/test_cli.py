@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from lightning_zero.cli import SUBCOMMANDS, ZeroCLI, list_strategies, main
+from lightning_zero.app.cli import SUBCOMMANDS, ZeroCLI, list_strategies, main
 from tests.helpers.launch import REPO, run_script
 
 # Every YAML in configs/ is a whole LightningCLI config.

@@ -14,22 +14,22 @@ from lightning.pytorch.utilities.data import _update_dataloader
 from torch.utils.data import BatchSampler, Dataset, RandomSampler
 from torch.utils.data.distributed import DistributedSampler
 
-from lightning_zero.data import text_files
-from lightning_zero.data.batching import (
+from lightning_zero.app.data import text_files
+from lightning_zero.app.data.batching import (
     LengthBucketBatchSampler,
     TextExamples,
     TokenizedDataset,
     build_dataloader,
 )
-from lightning_zero.data.movie_reviews import MovieReviewsDataModule, read_movie_reviews
-from lightning_zero.data.text_files import (
+from lightning_zero.app.data.movie_reviews import MovieReviewsDataModule, read_movie_reviews
+from lightning_zero.app.data.text_files import (
     TextClassificationFilesDataModule,
     encode_labels,
     limit_examples,
     split_examples,
 )
+from lightning_zero.app.models.loading import load_tokenizer
 from lightning_zero.errors import ZeroConfigError, ZeroDataError
-from lightning_zero.models.loading import load_tokenizer
 from lightning_zero.packages import package_dir, package_file
 from tests.helpers.runif import RunIf
 
@@ -368,7 +368,7 @@ def test_encode_labels() -> None:
 
 @RunIf(datasets=True)
 def test_glue_module_reads_local_pairs_through_datasets(tmp_path: Path) -> None:
-    from lightning_zero.data.glue import GlueDataModule
+    from lightning_zero.app.data.glue import GlueDataModule
 
     rows = [{"sentence1": r["sentence"], "sentence2": r["other"], "label": int(r["label"] == "pos")} for r in ROWS]
     files = {
@@ -389,7 +389,7 @@ def test_glue_module_reads_local_pairs_through_datasets(tmp_path: Path) -> None:
 
 def test_glue_defaults_to_the_task_columns_and_names_a_missing_datasets(monkeypatch: pytest.MonkeyPatch) -> None:
     from lightning_zero import packages
-    from lightning_zero.data.glue import GlueDataModule
+    from lightning_zero.app.data.glue import GlueDataModule
 
     module = GlueDataModule()
     assert (module.dataset, module.subset, module.text_column, module.text_pair_column) == (
@@ -406,7 +406,7 @@ def test_glue_defaults_to_the_task_columns_and_names_a_missing_datasets(monkeypa
 
 @RunIf(datasets=True)
 def test_glue_module_names_a_missing_local_file(tmp_path: Path) -> None:
-    from lightning_zero.data.glue import GlueDataModule
+    from lightning_zero.app.data.glue import GlueDataModule
 
     module = GlueDataModule(dataset="csv", subset=None, data_files={"train": str(tmp_path / "missing.csv")})
     with pytest.raises(ZeroDataError, match="use dataset: csv/json with data_files"):
@@ -414,10 +414,10 @@ def test_glue_module_names_a_missing_local_file(tmp_path: Path) -> None:
 
 
 def test_a_data_error_is_one_cli_error_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from lightning_zero.cli import main
+    from lightning_zero.app.cli import main
 
     config = Path(__file__).parent / "data" / "cli_tiny.yaml"
-    data = "lightning_zero.data.text_files.TextClassificationFilesDataModule"
+    data = "lightning_zero.app.data.text_files.TextClassificationFilesDataModule"
     empty = tmp_path / "empty.csv"  # exists, so only the data module can find what is wrong with it
     empty.write_text("text,label\n")
     status = main(

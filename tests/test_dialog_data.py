@@ -12,9 +12,9 @@ import pytest
 import torch
 from transformers import PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
-from lightning_zero.data import tokenizers as tokenizers_module
-from lightning_zero.data.corpora import load_chatterbot, load_chitchat
-from lightning_zero.data.dialog import (
+from lightning_zero.app.data import tokenizers as tokenizers_module
+from lightning_zero.app.data.corpora import load_chatterbot, load_chitchat
+from lightning_zero.app.data.dialog import (
     ChatterbotDataModule,
     ChitChatDataModule,
     DialogCollator,
@@ -23,8 +23,8 @@ from lightning_zero.data.dialog import (
     dialog_pairs,
     format_source,
 )
-from lightning_zero.data.splits import seeded_split
-from lightning_zero.data.tokenizers import cached_bpe, get_tokenizer, parse_bpe_spec, special_ids, train_bpe
+from lightning_zero.app.data.splits import seeded_split
+from lightning_zero.app.data.tokenizers import cached_bpe, get_tokenizer, parse_bpe_spec, special_ids, train_bpe
 from lightning_zero.errors import ZeroConfigError
 from tests.helpers.runif import RunIf
 

@@ -18,12 +18,13 @@ from typing import Any
 import pytest
 import torch
 
-from lightning_zero.checkpoint.hf import hf_record, write_hf_dir
-from lightning_zero.cli import main
-from lightning_zero.data.text_files import TextClassificationFilesDataModule
-from lightning_zero.tasks.causal_lm import CausalLMTask
-from lightning_zero.tasks.classification import SequenceClassificationTask
-from lightning_zero.tasks.seq2seq import Seq2SeqTask
+from lightning_zero.app.cli import main
+from lightning_zero.app.data.text_files import TextClassificationFilesDataModule
+from lightning_zero.app.hf_export import write_hf_dir
+from lightning_zero.app.tasks.causal_lm import CausalLMTask
+from lightning_zero.app.tasks.classification import SequenceClassificationTask
+from lightning_zero.app.tasks.seq2seq import Seq2SeqTask
+from lightning_zero.checkpoint.hf import hf_record
 from tests.helpers.launch import run_script
 
 RUNNER = Path(__file__).parent / "helpers" / "export_run.py"

@@ -15,7 +15,7 @@ from typing import Any
 import lightning.fabric.loggers.tensorboard
 import pytest
 
-from lightning_zero.cli import main
+from lightning_zero.app.cli import main
 from lightning_zero.packages import APP_PACKAGES, INSTALL_APP
 from tests.helpers.launch import REPO, run_script
 from tests.helpers.without_app import HIDDEN

@@ -11,8 +11,8 @@ import torch
 from torch import Tensor, nn
 from transformers import AutoConfig, AutoModelForCausalLM
 
-from lightning_zero.models.shapes import shape_config
-from lightning_zero.tasks.losses import causal_lm_nll, supports_chunked_loss
+from lightning_zero.app.models.shapes import shape_config
+from lightning_zero.app.tasks.losses import causal_lm_nll, supports_chunked_loss
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 

@@ -15,8 +15,8 @@ import pytest
 import torch
 from torch import nn
 
+from lightning_zero.app.cli import main
 from lightning_zero.auto.plan import candidate_layouts, format_plan, make_plan
-from lightning_zero.cli import main
 from lightning_zero.memory import probe
 from lightning_zero.memory.probe import (
     ActivationProbe,
@@ -186,8 +186,8 @@ def test_the_abstract_probe_counts_what_the_real_one_counts(shape: str) -> None:
     it counts the same bytes as a probe of real tensors."""
     from transformers import AutoModelForCausalLM, AutoModelForSeq2SeqLM
 
+    from lightning_zero.app.models.shapes import shape_config
     from lightning_zero.internals import abstract_tensors
-    from lightning_zero.models.shapes import shape_config
 
     config = shape_config(shape)
     config.decoder_start_token_id = config.pad_token_id = 0

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from lightning_zero import hardware, preflight
+from lightning_zero import hardware
+from lightning_zero.app import preflight
 from lightning_zero.hardware import CpuFacts, cpu_precision, detect_cpu_facts, has_native_bf16
 from tests.helpers.launch import REPO
 from tests.test_cli import CPU_TWINS, parse

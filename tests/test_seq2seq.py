@@ -16,8 +16,8 @@ from typing import TYPE_CHECKING, Any, cast
 import pytest
 import torch
 
-from lightning_zero.data.dialog import ChitChatDataModule
-from lightning_zero.tasks.seq2seq import Seq2SeqTask, needs_synced_generation, shift_right
+from lightning_zero.app.data.dialog import ChitChatDataModule
+from lightning_zero.app.tasks.seq2seq import Seq2SeqTask, needs_synced_generation, shift_right
 
 if TYPE_CHECKING:
     import lightning as L
@@ -112,7 +112,15 @@ def test_single_process_needs_no_synced_generation() -> None:
 
 def test_chat_replies_to_piped_lines(trained: dict[str, Any]) -> None:
     result = subprocess.run(
-        [sys.executable, "-m", "lightning_zero.chat", "--checkpoint", str(trained["checkpoint"]), "--num-beams", "2"],
+        [
+            sys.executable,
+            "-m",
+            "lightning_zero.app.chat",
+            "--checkpoint",
+            str(trained["checkpoint"]),
+            "--num-beams",
+            "2",
+        ],
         input="hello, how are you?\nwhat do you do for fun?\n",
         capture_output=True,
         text=True,
@@ -127,7 +135,7 @@ def test_chat_replies_to_piped_lines(trained: dict[str, Any]) -> None:
 def test_chat_stops_after_max_turns_and_reports_a_missing_checkpoint(
     trained: dict[str, Any], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from lightning_zero import chat
+    from lightning_zero.app import chat
 
     monkeypatch.setattr(sys, "stdin", io.StringIO("hi\n\nsecond\nthird\n"))
     assert chat.main(["--checkpoint", str(trained["checkpoint"]), "--max-turns", "1", "--num-beams", "1"]) == 0
@@ -187,7 +195,7 @@ def test_generation_under_zero3_in_two_processes(
     assert val[0] == val[1]  # reduced over ranks: the same numbers everywhere
 
     # The sharded checkpoint directory is consolidated by the chat command.
-    from lightning_zero import chat
+    from lightning_zero.app import chat
 
     assert (tmp_path / "zero3.ckpt").is_dir()
     monkeypatch.setattr(sys, "stdin", io.StringIO("hello there\n"))

@@ -6,7 +6,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from lightning_zero.models.shapes import shape_config
+from lightning_zero.app.models.shapes import shape_config
 
 # Parameter counts of the published models (Meta's model cards: 3.21B, 8.03B). Built on the meta device: no
 # memory, a second each.

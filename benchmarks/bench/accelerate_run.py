@@ -27,7 +27,7 @@ from benchmarks.bench.workload import (
     cap_gpu_memory,
     step_loader,
 )
-from lightning_zero.models.loading import import_model_class
+from lightning_zero.app.models.loading import import_model_class
 
 #: Lightning's precision names and Accelerate's ``mixed_precision`` for the same training.
 MIXED_PRECISION = {"32-true": "no", "32": "no", "bf16-mixed": "bf16", "16-mixed": "fp16"}

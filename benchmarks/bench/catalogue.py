@@ -91,7 +91,7 @@ class Experiment:
 
     Args:
         name: Short name used on the command line.
-        shape: A :mod:`lightning_zero.models.shapes` name (random-initialised weights of the public config).
+        shape: A :mod:`lightning_zero.app.models.shapes` name (random-initialised weights of the public config).
         task: What the model is trained to do.
         lengths: The length settings measured, in priority order.
         strategies: Every strategy compared, by label.

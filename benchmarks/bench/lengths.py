@@ -74,13 +74,13 @@ def load_distribution(name: str, path: Path = LENGTHS_FILE) -> LengthDistributio
 
 
 def _review_texts() -> list[str]:
-    from lightning_zero.data.corpora import corpus_texts
+    from lightning_zero.app.data.corpora import corpus_texts
 
     return list(corpus_texts("rotten-tomatoes"))
 
 
 def _wordpiece() -> Any:
-    from lightning_zero.models.loading import load_tokenizer
+    from lightning_zero.app.models.loading import load_tokenizer
 
     return load_tokenizer("all-MiniLM-L6-v2")
 
@@ -97,8 +97,8 @@ def reviews() -> list[tuple[int, int]]:
 
 
 def chitchat() -> list[tuple[int, int]]:
-    from lightning_zero.data.dialog import dialog_pairs, load_chitchat
-    from lightning_zero.data.tokenizers import get_tokenizer
+    from lightning_zero.app.data.dialog import dialog_pairs, load_chitchat
+    from lightning_zero.app.data.tokenizers import get_tokenizer
 
     tokenizer = get_tokenizer("bpe:chitchat:8008")
     pairs = dialog_pairs(load_chitchat(), history_window=1, source_prefix="chatbot: ")

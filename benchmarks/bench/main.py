@@ -182,7 +182,7 @@ class FlopAnnotator:
 
             from benchmarks.bench.flops import step_flops
             from benchmarks.bench.workload import _CONFIG_OVERRIDES, AUTO_CLASSES
-            from lightning_zero.models.loading import build_model
+            from lightning_zero.app.models.loading import build_model
 
             experiment = find_experiment(experiment_name)
             with torch.device("meta"):

@@ -20,8 +20,8 @@ from transformers import AutoModelForCausalLM, AutoModelForSeq2SeqLM, AutoModelF
 
 from benchmarks.bench.catalogue import CHUNKED_LOSS_KINDS, Experiment, Lengths, StrategySpec
 from benchmarks.bench.lengths import LengthDistribution, load_distribution, padded
-from lightning_zero.models.loading import build_model, import_model_class
-from lightning_zero.tasks.losses import causal_lm_nll, supports_chunked_loss
+from lightning_zero.app.models.loading import build_model, import_model_class
+from lightning_zero.app.tasks.losses import causal_lm_nll, supports_chunked_loss
 
 GIB = 1024**3
 IGNORE_INDEX = -100

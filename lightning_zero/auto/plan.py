@@ -8,7 +8,7 @@ by a short real probe of the configured model on a batch of the configured data
 configured micro-batch fits.
 
 From Python: ``make_plan(shapes, probe, budget_gib=24, devices=1)`` returns the rows. The ``lightning-zero plan``
-command, which builds a YAML config's model and data first, is :mod:`lightning_zero.plan_command`.
+command, which builds a YAML config's model and data first, is :mod:`lightning_zero.app.plan_command`.
 """
 
 from __future__ import annotations

@@ -54,9 +54,9 @@ from lightning_zero.internals import abstract_tensors
 from lightning_zero.memory.budget import GIB
 from lightning_zero.memory.probe import SavedLines, probe_activations, saved_bytes_lines
 from lightning_zero.memory.states import ParameterShapes
-from lightning_zero.models.blocks import prepare_blocks
 from lightning_zero.precision import half_dtype
 from lightning_zero.runtime.batches import first_tensor, samples_in, take_samples, training_loss
+from lightning_zero.runtime.blocks import prepare_blocks
 from lightning_zero.strategies.deepspeed import ZeroStrategy, engine_optimizer
 from lightning_zero.strategies.deepspeed_config import DeepSpeedZeroConfig, TrainerValues
 from lightning_zero.strategies.deepspeed_settings import DeepSpeedSettings

@@ -109,7 +109,7 @@ def write_universal(source: Path, target: Path, world_size: int) -> None:
     """Write the sharded FSDP2 checkpoint or FairScale file ``source`` into ``target`` as a DeepSpeed universal
     checkpoint: each parameter's fp32 weights, moments and step, the groups' hyper-parameters, and model-state files
     holding Lightning's entries (loops, callbacks, schedulers...) that DeepSpeed hands back as its client state."""
-    from lightning_zero.checkpoint.consolidate import dcp_extras
+    from lightning_zero.checkpoint.full_state import dcp_extras
 
     if source.is_dir():
         state, extras = read_fsdp2(source), dcp_extras(source)

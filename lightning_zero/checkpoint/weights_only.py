@@ -17,7 +17,7 @@ from lightning.fabric.plugins import CheckpointIO
 from lightning.pytorch.utilities import rank_zero_warn
 from torch import nn
 
-from lightning_zero.checkpoint.consolidate import read_full_state
+from lightning_zero.checkpoint.full_state import read_full_state
 from lightning_zero.checkpoint.manifest import Manifest, read_manifest
 from lightning_zero.checkpoint.reshard import why_not_carried
 from lightning_zero.checkpoint.validate import DCP_METADATA, DEEPSPEED_TAG_FILE

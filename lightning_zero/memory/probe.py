@@ -24,9 +24,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from lightning_zero.models.blocks import enable_activation_checkpointing, transformer_blocks
 from lightning_zero.precision import mixed_dtype
 from lightning_zero.runtime.batches import LossFn, take_samples
+from lightning_zero.runtime.blocks import enable_activation_checkpointing, transformer_blocks
 
 #: On CUDA the smaller peak measurement takes as many samples as save about this many bytes ...
 PEAK_PROBE_BYTES = 2**30

@@ -29,7 +29,7 @@ from lightning_zero.checkpoint.strategy import SafeCheckpoints
 from lightning_zero.checkpoint.weights_only import load_into_fsdp2
 from lightning_zero.errors import ZeroConfigError
 from lightning_zero.internals import materialize_meta_module
-from lightning_zero.models.blocks import transformer_blocks
+from lightning_zero.runtime.blocks import transformer_blocks
 from lightning_zero.runtime.devices import optimizers_to_device
 from lightning_zero.runtime.watchdog import WatchedRanks
 from lightning_zero.strategies import cpu_adam

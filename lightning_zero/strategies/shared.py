@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from lightning_zero.memory.budget import apply_memory_budget, lift_memory_budget
-from lightning_zero.models.blocks import prepare_blocks
+from lightning_zero.runtime.blocks import prepare_blocks
 
 if TYPE_CHECKING:  # what the mixin is placed before: typed as such, a plain class at run time
     from lightning.pytorch.strategies import ParallelStrategy as _Strategy

@@ -3,7 +3,7 @@
     python tests/helpers/configs_run.py ROOT CONFIG... -- OVERRIDE...
 
 Each config gets ``--trainer.default_root_dir=ROOT/<config stem>`` and the overrides, and goes through
-``lightning_zero.cli.main`` exactly as ``python main.py fit --config CONFIG OVERRIDE...`` would; the configs share
+``lightning_zero.app.cli.main`` exactly as ``python main.py fit --config CONFIG OVERRIDE...`` would; the configs share
 one process group, so each costs seconds, not a launch. Before each run every rank prints ``config: <stem>``;
 the first config that fails ends the launch with its exit status.
 """
@@ -15,7 +15,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from lightning_zero.cli import main as cli_main
+from lightning_zero.app.cli import main as cli_main
 from tests.helpers.trainer import end_process_group
 
 

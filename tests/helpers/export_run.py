@@ -20,9 +20,9 @@ import lightning as L
 import torch
 
 import lightning_zero  # noqa: F401  (registers the presets)
-from lightning_zero.data.movie_reviews import MovieReviewsDataModule
-from lightning_zero.models.loading import load_tokenizer
-from lightning_zero.tasks.classification import SequenceClassificationTask
+from lightning_zero.app.data.movie_reviews import MovieReviewsDataModule
+from lightning_zero.app.models.loading import load_tokenizer
+from lightning_zero.app.tasks.classification import SequenceClassificationTask
 from tests.helpers.trainer import end_process_group, quiet_trainer
 
 MINILM = "sentence-transformers/all-MiniLM-L6-v2"

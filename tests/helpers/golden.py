@@ -57,8 +57,8 @@ def cpu_vendor() -> str:
 
 
 def classification(cache_dir: str | None) -> tuple[L.LightningModule, L.LightningDataModule]:
-    from lightning_zero.data.movie_reviews import MovieReviewsDataModule
-    from lightning_zero.tasks.classification import SequenceClassificationTask
+    from lightning_zero.app.data.movie_reviews import MovieReviewsDataModule
+    from lightning_zero.app.tasks.classification import SequenceClassificationTask
 
     task = SequenceClassificationTask(
         model="shape:tiny-deberta-v2", tokenizer=MINILM, learning_rate=1e-3, weight_decay=0.01, warmup_ratio=0.4
@@ -68,8 +68,8 @@ def classification(cache_dir: str | None) -> tuple[L.LightningModule, L.Lightnin
 
 
 def seq2seq(cache_dir: str | None) -> tuple[L.LightningModule, L.LightningDataModule]:
-    from lightning_zero.data.dialog import ChitChatDataModule
-    from lightning_zero.tasks.seq2seq import Seq2SeqTask
+    from lightning_zero.app.data.dialog import ChitChatDataModule
+    from lightning_zero.app.tasks.seq2seq import Seq2SeqTask
 
     common: dict[str, Any] = {"tokenizer": BPE, "tokenizer_cache_dir": cache_dir, "max_target_length": 16}
     task = Seq2SeqTask(
@@ -80,8 +80,8 @@ def seq2seq(cache_dir: str | None) -> tuple[L.LightningModule, L.LightningDataMo
 
 
 def causal_lm(cache_dir: str | None) -> tuple[L.LightningModule, L.LightningDataModule]:
-    from lightning_zero.data.text_corpus import TextBlocksDataModule
-    from lightning_zero.tasks.causal_lm import CausalLMTask
+    from lightning_zero.app.data.text_corpus import TextBlocksDataModule
+    from lightning_zero.app.tasks.causal_lm import CausalLMTask
 
     common: dict[str, Any] = {"tokenizer": BPE, "tokenizer_cache_dir": cache_dir}
     task = CausalLMTask(model="shape:tiny-gpt2", learning_rate=1e-3, weight_decay=0.01, **common)

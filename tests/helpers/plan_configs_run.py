@@ -17,8 +17,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
+from lightning_zero.app.plan_command import plan_for_config
 from lightning_zero.errors import ZeroConfigError
-from lightning_zero.plan_command import plan_for_config
 
 
 def planned(config: Path) -> dict[str, Any]:

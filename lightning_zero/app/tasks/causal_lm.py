@@ -15,11 +15,11 @@ from lightning.pytorch.utilities import rank_zero_info
 from torch import Tensor, nn
 from transformers import AutoModelForCausalLM
 
+from lightning_zero.app.models.shapes import is_shape
+from lightning_zero.app.tasks.base import LanguageTask, build_language_model
+from lightning_zero.app.tasks.losses import causal_lm_nll, supports_chunked_loss
+from lightning_zero.app.tasks.metrics import token_nll
 from lightning_zero.errors import ZeroConfigError
-from lightning_zero.models.shapes import is_shape
-from lightning_zero.tasks.base import LanguageTask, build_language_model
-from lightning_zero.tasks.losses import causal_lm_nll, supports_chunked_loss
-from lightning_zero.tasks.metrics import token_nll
 
 
 class CausalLMTask(LanguageTask):

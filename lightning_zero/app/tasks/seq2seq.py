@@ -15,11 +15,11 @@ from lightning.pytorch.utilities import rank_zero_info
 from torch import Tensor, nn
 from transformers import AutoModelForSeq2SeqLM
 
-from lightning_zero.data.tokenizers import special_ids
-from lightning_zero.models.loading import build_model
-from lightning_zero.models.shapes import is_shape
-from lightning_zero.tasks.base import LanguageTask, build_language_model
-from lightning_zero.tasks.metrics import IGNORE_INDEX, bleu_metric, token_nll
+from lightning_zero.app.data.tokenizers import special_ids
+from lightning_zero.app.models.loading import build_model
+from lightning_zero.app.models.shapes import is_shape
+from lightning_zero.app.tasks.base import LanguageTask, build_language_model
+from lightning_zero.app.tasks.metrics import IGNORE_INDEX, bleu_metric, token_nll
 
 
 def needs_synced_generation(trainer: Any) -> bool:

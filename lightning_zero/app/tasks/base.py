@@ -18,11 +18,11 @@ from torch import Tensor, nn
 from torchmetrics import Metric, MetricCollection
 from transformers import PreTrainedTokenizerBase
 
-from lightning_zero.data.tokenizers import get_tokenizer, special_ids
-from lightning_zero.models.loading import build_model, import_model_class
-from lightning_zero.models.shapes import is_shape
-from lightning_zero.tasks.metrics import TokenPerplexity
-from lightning_zero.tasks.optimization import adamw_with_linear_warmup, training_steps
+from lightning_zero.app.data.tokenizers import get_tokenizer, special_ids
+from lightning_zero.app.models.loading import build_model, import_model_class
+from lightning_zero.app.models.shapes import is_shape
+from lightning_zero.app.tasks.metrics import TokenPerplexity
+from lightning_zero.app.tasks.optimization import adamw_with_linear_warmup, training_steps
 
 
 class TaskModule(LightningModule):
@@ -35,7 +35,7 @@ class TaskModule(LightningModule):
 
     def setup(self, stage: str) -> None:
         """Import the network's modeling module before ``configure_model`` (see
-        :func:`~lightning_zero.models.loading.import_model_class`: under ZeRO-3 some would fail to import)."""
+        :func:`~lightning_zero.app.models.loading.import_model_class`: under ZeRO-3 some would fail to import)."""
         import_model_class(self.auto_class, self.hparams["model"])
 
     def configure_model(self) -> None:

@@ -1,4 +1,4 @@
-"""``lightning-zero chat --checkpoint PATH``: talk to a trained :class:`~lightning_zero.tasks.seq2seq.Seq2SeqTask`.
+"""``lightning-zero chat --checkpoint PATH``: talk to a trained :class:`~lightning_zero.app.tasks.seq2seq.Seq2SeqTask`.
 
 Reads one line per turn from stdin and prints the generated reply. The checkpoint is a Lightning ``.ckpt``
 file or a DeepSpeed sharded checkpoint directory (consolidated to fp32 first). How sources were formatted in
@@ -20,11 +20,11 @@ from typing import Any, TextIO
 
 import torch
 
+from lightning_zero.app.data.dialog import format_source
+from lightning_zero.app.data.tokenizers import SPEAKER_TOKENS
+from lightning_zero.app.tasks.seq2seq import Seq2SeqTask
 from lightning_zero.checkpoint.validate import check_checkpoint
-from lightning_zero.data.dialog import format_source
-from lightning_zero.data.tokenizers import SPEAKER_TOKENS
 from lightning_zero.errors import CommandParser, ZeroConfigError
-from lightning_zero.tasks.seq2seq import Seq2SeqTask
 
 CHATBOT = f"{Seq2SeqTask.__module__}.{Seq2SeqTask.__qualname__}"
 

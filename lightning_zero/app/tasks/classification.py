@@ -15,12 +15,12 @@ from torch import nn
 from torchmetrics import MeanMetric
 from transformers import AutoModelForSequenceClassification, PreTrainedTokenizerBase
 
+from lightning_zero.app.models.loading import build_model, load_tokenizer
+from lightning_zero.app.models.shapes import is_shape
+from lightning_zero.app.models.source import resolve_pretrained
+from lightning_zero.app.tasks.base import TaskModule
+from lightning_zero.app.tasks.metrics import classification_metrics
 from lightning_zero.errors import ZeroConfigError
-from lightning_zero.models.loading import build_model, load_tokenizer
-from lightning_zero.models.shapes import is_shape
-from lightning_zero.models.source import resolve_pretrained
-from lightning_zero.tasks.base import TaskModule
-from lightning_zero.tasks.metrics import classification_metrics
 
 DEFAULT_MODEL = "sentence-transformers/all-MiniLM-L6-v2"
 
@@ -36,7 +36,7 @@ class SequenceClassificationTask(TaskModule):
     """Fine-tune (or train from a random shape) a Hugging Face sequence classifier.
 
     Batches are dicts of ``input_ids``, ``attention_mask`` (and ``token_type_ids``) and ``labels``, as the data
-    modules of :mod:`lightning_zero.data` make them. Logs ``train_loss`` per step and ``val_loss``,
+    modules of :mod:`lightning_zero.app.data` make them. Logs ``train_loss`` per step and ``val_loss``,
     ``val_acc``, ``val_f1`` per validation epoch (reduced over all processes). The data module's class names
     (``label_names``) become the model config's ``id2label``/``label2id`` at ``setup``, so a Hugging Face export
     predicts names, not ``LABEL_<i>``.

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from lightning_zero.app.models.shapes import is_shape, shape_config
+from lightning_zero.app.models.source import resolve_pretrained
 from lightning_zero.errors import ZeroConfigError
-from lightning_zero.models.shapes import is_shape, shape_config
-from lightning_zero.models.source import resolve_pretrained
 
 #: Name prefixes that lightning-zero builds itself (a random-init shape, a BPE trained on shipped text).
 _BUILT_HERE = ("bpe:",)

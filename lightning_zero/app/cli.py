@@ -32,13 +32,13 @@ from lightning.pytorch.cli import LightningCLI
 from lightning.pytorch.strategies import Strategy
 
 import lightning_zero  # noqa: F401  (registers the presets before the Trainer is built)
-from lightning_zero import preflight
+from lightning_zero.app import preflight
+from lightning_zero.app.parse_errors import as_config_error, explain, parse_error_line
 from lightning_zero.checkpoint.resume import ExactResume, WeightsOnlyResume
 from lightning_zero.checkpoint.validate import check_checkpoint
 from lightning_zero.errors import CommandParser, LightningZeroError, ZeroConfigError
 from lightning_zero.internals import subcommand_parsers
 from lightning_zero.packages import app_extra_error, missing_app_package
-from lightning_zero.parse_errors import as_config_error, explain, parse_error_line
 from lightning_zero.presets import PRESETS, check_strategy_name
 from lightning_zero.quiet import quiet_libraries
 
@@ -167,13 +167,11 @@ class Command:
 
 #: The commands besides LightningCLI's (fit, validate, test, predict).
 SUBCOMMANDS = {
-    "plan": Command("lightning_zero.plan_command:main", "lightning_zero.plan_command:build_parser"),
-    "consolidate": Command(
-        "lightning_zero.checkpoint.consolidate:main", "lightning_zero.checkpoint.consolidate:build_parser"
-    ),
-    "strategies": Command("lightning_zero.cli:strategies_command", "lightning_zero.cli:strategies_parser"),
-    "chat": Command("lightning_zero.chat:main", "lightning_zero.chat:build_parser"),
-    "build-ops": Command("lightning_zero.cli:build_ops_command", "lightning_zero.cli:build_ops_parser"),
+    "plan": Command("lightning_zero.app.plan_command:main", "lightning_zero.app.plan_command:build_parser"),
+    "consolidate": Command("lightning_zero.app.consolidate:main", "lightning_zero.app.consolidate:build_parser"),
+    "strategies": Command("lightning_zero.app.cli:strategies_command", "lightning_zero.app.cli:strategies_parser"),
+    "chat": Command("lightning_zero.app.chat:main", "lightning_zero.app.chat:build_parser"),
+    "build-ops": Command("lightning_zero.app.cli:build_ops_command", "lightning_zero.app.cli:build_ops_parser"),
 }
 
 

@@ -9,7 +9,7 @@ from lightning.pytorch import LightningDataModule
 from torch.utils.data import DataLoader, Dataset
 from transformers import PreTrainedTokenizerBase
 
-from lightning_zero.data.tokenizers import get_tokenizer
+from lightning_zero.app.data.tokenizers import get_tokenizer
 
 
 class TokenizerDataModule(LightningDataModule):
@@ -20,7 +20,7 @@ class TokenizerDataModule(LightningDataModule):
 
     Args:
         tokenizer: ``bpe:CORPUS[:VOCAB]``, a local folder, a shipped model name or a hub name
-            (see :mod:`lightning_zero.data.tokenizers`). Give the model the same string.
+            (see :mod:`lightning_zero.app.data.tokenizers`). Give the model the same string.
         tokenizer_cache_dir: Where a trained BPE is kept; ``~/.cache/lightning-zero/tokenizers`` if unset.
         batch_size: Examples per device and step.
         val_fraction: Share of the data held out for validation when the source has no validation split.

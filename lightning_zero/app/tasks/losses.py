@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
-from lightning_zero.tasks.metrics import IGNORE_INDEX
+from lightning_zero.app.tasks.metrics import IGNORE_INDEX
 
 #: Model types whose logits are exactly their output layer applied to the base model's last hidden state (no
 #: soft-capping or scaling after it), checked against the plain loss in tests/test_losses.py.

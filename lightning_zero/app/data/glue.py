@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from lightning_zero.data.batching import TextExamples
-from lightning_zero.data.text_files import (
+from lightning_zero.app.data.batching import TextExamples
+from lightning_zero.app.data.text_files import (
     TRAIN,
     VALIDATION,
     TextClassificationDataModule,
@@ -45,7 +45,7 @@ class GlueDataModule(TextClassificationDataModule):
         train_split: Name of the training split.
         validation_split: Name of the validation split (``"validation_matched"`` for MNLI).
         cache_dir: ``datasets`` cache folder (its default when None).
-        **kwargs: See :class:`~lightning_zero.data.text_files.TextClassificationDataModule`.
+        **kwargs: See :class:`~lightning_zero.app.data.text_files.TextClassificationDataModule`.
     """
 
     # LightningCLI reads this signature; keeping each argument is the same few lines as in the other data modules.

@@ -77,7 +77,7 @@ def check_data_files(datamodule: Any) -> None:
 
 def check_model_sources(*modules: Any) -> None:
     """The ``model`` and ``tokenizer`` names in the modules' hyper-parameters must be loadable."""
-    from lightning_zero.models.availability import check_loadable
+    from lightning_zero.app.models.availability import check_loadable
 
     for module in modules:
         hparams = getattr(module, "hparams", None) or {}

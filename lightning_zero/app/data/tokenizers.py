@@ -7,7 +7,7 @@ A tokenizer is named by one string, the same in a model's and a data module's in
   cached in a directory the caller gives (``~/.cache/lightning-zero/tokenizers`` by default) and re-loaded
   from there with ``from_pretrained``.
 * anything else -- a local folder, a shipped model (``all-MiniLM-L6-v2``) or a hub name, through
-  :func:`lightning_zero.models.loading.load_tokenizer`.
+  :func:`lightning_zero.app.models.loading.load_tokenizer`.
 """
 
 from __future__ import annotations
@@ -21,9 +21,9 @@ from pathlib import Path
 
 from transformers import PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
-from lightning_zero.data.corpora import TEXT_CORPORA, corpus_texts
+from lightning_zero.app.data.corpora import TEXT_CORPORA, corpus_texts
+from lightning_zero.app.models.loading import load_tokenizer
 from lightning_zero.errors import ZeroConfigError
-from lightning_zero.models.loading import load_tokenizer
 
 BPE_PREFIX = "bpe:"
 DEFAULT_BPE_VOCAB = 8192

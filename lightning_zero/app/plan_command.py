@@ -24,15 +24,15 @@ import yaml
 from lightning.pytorch import LightningModule
 from lightning.pytorch.utilities import move_data_to_device
 
+from lightning_zero.app.cli import ZeroCLI
+from lightning_zero.app.data.base import TokenizerDataModule
+from lightning_zero.app.preflight import check_config_file
 from lightning_zero.auto.plan import PlanRow, format_plan, make_plan
-from lightning_zero.cli import ZeroCLI
-from lightning_zero.data.base import TokenizerDataModule
 from lightning_zero.errors import ZeroConfigError
 from lightning_zero.internals import abstract_tensors
 from lightning_zero.memory.budget import GIB
 from lightning_zero.memory.probe import ActivationProbe, probe_activations
 from lightning_zero.memory.states import ParameterShapes
-from lightning_zero.preflight import check_config_file
 from lightning_zero.runtime.batches import samples_in, training_loss
 
 #: Batches of examples a data module of ours prepares for ``plan``, which probes its first batch.

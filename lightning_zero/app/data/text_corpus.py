@@ -16,10 +16,10 @@ import torch
 from torch.utils.data import DataLoader, TensorDataset
 from transformers import PreTrainedTokenizerBase
 
-from lightning_zero.data.base import TokenizerDataModule
-from lightning_zero.data.corpora import TEXT_CORPORA, corpus_texts
-from lightning_zero.data.splits import seeded_split
-from lightning_zero.data.tokenizers import special_ids
+from lightning_zero.app.data.base import TokenizerDataModule
+from lightning_zero.app.data.corpora import TEXT_CORPORA, corpus_texts
+from lightning_zero.app.data.splits import seeded_split
+from lightning_zero.app.data.tokenizers import special_ids
 from lightning_zero.errors import ZeroConfigError, ZeroDataError
 from lightning_zero.packages import load_hf_dataset
 

@@ -20,10 +20,10 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 from transformers import PreTrainedTokenizerBase
 
-from lightning_zero.data.base import TokenizerDataModule
-from lightning_zero.data.corpora import Conversation, load_chatterbot, load_chitchat
-from lightning_zero.data.splits import seeded_split
-from lightning_zero.data.tokenizers import SPEAKER_TOKENS
+from lightning_zero.app.data.base import TokenizerDataModule
+from lightning_zero.app.data.corpora import Conversation, load_chatterbot, load_chitchat
+from lightning_zero.app.data.splits import seeded_split
+from lightning_zero.app.data.tokenizers import SPEAKER_TOKENS
 from lightning_zero.errors import ZeroConfigError, ZeroDataError
 from lightning_zero.packages import load_hf_dataset
 
@@ -130,8 +130,8 @@ class DialogDataModule(TokenizerDataModule):
     """Shared machinery of the dialog data modules; subclasses say where conversations come from.
 
     Args:
-        tokenizer: See :class:`~lightning_zero.data.base.TokenizerDataModule`.
-        tokenizer_cache_dir: See :class:`~lightning_zero.data.base.TokenizerDataModule`.
+        tokenizer: See :class:`~lightning_zero.app.data.base.TokenizerDataModule`.
+        tokenizer_cache_dir: See :class:`~lightning_zero.app.data.base.TokenizerDataModule`.
         history_window: How many previous turns make up the source.
         source_prefix: Text before the source, e.g. the report's ``"chatbot: "``.
         speaker_tokens: Markers for the other party's and the bot's turns; ``None`` for plain text.

@@ -8,10 +8,10 @@ import torch
 from torch import nn
 from transformers import AutoConfig, AutoTokenizer, PreTrainedTokenizerBase
 
+from lightning_zero.app.models.shapes import is_shape, shape_config
+from lightning_zero.app.models.source import resolve_pretrained
 from lightning_zero.errors import ZeroConfigError
 from lightning_zero.internals import auto_class_model_classes
-from lightning_zero.models.shapes import is_shape, shape_config
-from lightning_zero.models.source import resolve_pretrained
 
 
 def load_tokenizer(name_or_path: str) -> PreTrainedTokenizerBase:
@@ -27,7 +27,7 @@ def build_model(auto_class: Any, source: str, vocab_size: int | None = None, **c
 
     Args:
         auto_class: A transformers ``AutoModelFor...`` class.
-        source: A local folder, a hub name, or ``shape:NAME`` (see :mod:`lightning_zero.models.shapes`).
+        source: A local folder, a hub name, or ``shape:NAME`` (see :mod:`lightning_zero.app.models.shapes`).
         vocab_size: For shapes, the tokenizer's vocabulary size; ignored for pretrained weights.
         config_overrides: Config fields, e.g. ``num_labels=2``.
 

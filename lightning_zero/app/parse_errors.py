@@ -103,7 +103,7 @@ def _tidy(text: str) -> str:
     if text.startswith(_NO_TENSORBOARD):
         return f"The TensorBoard logger needs 'tensorboard', which is not installed: run `{INSTALL_APP}`."
     if text.startswith("No module named"):
-        return f"{text}: check the class_path (a full module path, e.g. lightning_zero.tasks.seq2seq.Seq2SeqTask)."
+        return f"{text}: check the class_path (a full module path, e.g. lightning_zero.app.tasks.seq2seq.Seq2SeqTask)."
     if text.startswith("File does not exist"):
         return f"{text}: check the path."
     text = re.sub(r"<class '([\w.]+)'>", r"\1", text)
