@@ -1,4 +1,4 @@
-"""The import paths of the application before it moved under :mod:`lightning_zero.app` (release 0.2), kept for one
+"""The import paths of the application before it moved under :mod:`lightning_zero.app`, kept for one
 release: ``lightning_zero.tasks.causal_lm.CausalLMTask`` in a YAML or an import still works, with a
 ``FutureWarning`` naming the new path. To be removed in the release after.
 
