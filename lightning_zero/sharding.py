@@ -10,6 +10,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     import torch
     from torch import nn
 
@@ -75,4 +77,18 @@ class ShardedStrategy(BudgetedStrategy, Protocol):
     def load_consolidated_weights(self, module: nn.Module, state_dict: dict[str, Any]) -> None:
         """Load one consolidated (unsharded) state dict into ``module`` as this backend holds it, before
         Lightning restores the rest of a checkpoint."""
+        ...
+
+    def add_checkpoint_entries(self, checkpoint: dict[str, Any]) -> None:
+        """Add what this backend's checkpoint needs to be read elsewhere (e.g. the parameter names of an optimizer
+        state keyed by position) to the dict about to be saved."""
+        ...
+
+    def swaps_optimizer_to_nvme(self) -> bool:
+        """Whether this run keeps its optimizer state in NVMe swap files (which no universal form carries)."""
+        ...
+
+    def load_universal(self, path: Path, universal: Path, weights_only: bool | None) -> dict[str, Any]:
+        """Resume checkpoint ``path`` from its universal form ``universal`` with the optimizer state, at this
+        backend's stage and size; return the rest of the checkpoint for Lightning to restore."""
         ...

@@ -12,10 +12,6 @@ from lightning.pytorch.utilities import rank_zero_info
 
 from lightning_zero.checkpoint.atomic import remove_checkpoint, save_atomically
 from lightning_zero.checkpoint.by_name import (
-    PARAMETER_NAMES_KEY,
-    load_into_torch_optimizer,
-    parameter_names,
-    read_universal,
     records_parameter_names,
 )
 from lightning_zero.checkpoint.manifest import Manifest, checkpoint_manifest
@@ -25,21 +21,18 @@ from lightning_zero.checkpoint.reshard import (
     UNIVERSAL_SUFFIX,
     WEIGHTS_ONLY,
     has_nvme_optimizer_state,
-    repair_universal_load,
     resume_route,
     universal_checkpoint,
     why_not_carried,
 )
 from lightning_zero.checkpoint.validate import check_checkpoint
 from lightning_zero.checkpoint.weights_only import (
-    WEIGHTS_ONLY_KEY,
     describe,
     describe_manifest,
-    load_into_fsdp2,
     warn_optimizer_not_carried,
     weights_only_checkpoint,
 )
-from lightning_zero.internals import load_universal_checkpoint_next
+from lightning_zero.errors import ZeroConfigError
 
 if TYPE_CHECKING:  # what the mixin is placed before: typed as such, a plain class at run time
     from lightning.pytorch.strategies import ParallelStrategy as _Strategy
@@ -56,7 +49,6 @@ class SafeCheckpoints(_Strategy):
     weights load into it."""
 
     if TYPE_CHECKING:
-        deepspeed_engine: Any  # the DeepSpeed strategy's, used on its routes only
         zero_backend: str
 
         @property
@@ -70,9 +62,7 @@ class SafeCheckpoints(_Strategy):
 
     def save_checkpoint(self, checkpoint: dict[str, Any], filepath: Any, storage_options: Any = None) -> None:
         backend, stage = self.checkpoint_identity()
-        if backend == "fairscale":  # its optimizer state is keyed by position: the names make it portable
-            assert self.lightning_module is not None, "a set-up strategy saves"
-            checkpoint[PARAMETER_NAMES_KEY] = parameter_names(self.lightning_module, self.optimizers[0])
+        self.add_checkpoint_entries(checkpoint)
         write = partial(super().save_checkpoint, storage_options=storage_options)
         save_atomically(self, checkpoint, filepath, write, backend, stage)
 
@@ -88,7 +78,7 @@ class SafeCheckpoints(_Strategy):
         route = resume_route(manifest, backend, stage, self.world_size, by_name=by_name)
         if route == WEIGHTS_ONLY:
             return self._weights_only(path, manifest, why_not_carried(manifest, backend))
-        if route == UNIVERSAL and (has_nvme_optimizer_state(path) or self._swaps_optimizer_to_nvme()):
+        if route == UNIVERSAL and (has_nvme_optimizer_state(path) or self.swaps_optimizer_to_nvme()):
             return self._weights_only(path, manifest, NVME_NOT_CARRIED)
         if route != UNIVERSAL:
             return super().load_checkpoint(path, weights_only)
@@ -98,17 +88,25 @@ class SafeCheckpoints(_Strategy):
             f" {describe(backend, stage, self.world_size)} with its optimizer state, through its universal form"
             f" '{universal}' (converted once; later resumes reuse it)."
         )
-        if backend == "fsdp2":
-            return self._load_by_name(path, universal)
-        # Lightning builds the engine before it loads, so `checkpoint.load_universal` is switched on here.
-        load_universal_checkpoint_next(self.deepspeed_engine)
-        checkpoint = super().load_checkpoint(universal, weights_only)
-        repair_universal_load(self.deepspeed_engine.optimizer.optimizer, universal, stage)
-        return checkpoint
+        return self.load_universal(path, universal, weights_only)
 
-    def _swaps_optimizer_to_nvme(self) -> bool:
-        backend, _ = self.checkpoint_identity()
-        return backend == "deepspeed" and bool(self.deepspeed_engine.zero_nvme_offload_optimizer())
+    def add_checkpoint_entries(self, checkpoint: dict[str, Any]) -> None:
+        """Nothing by default: a backend whose files do not say which parameter each entry belongs to adds it."""
+
+    def swaps_optimizer_to_nvme(self) -> bool:
+        return False
+
+    def load_universal(self, path: Path, universal: Path, weights_only: bool | None) -> dict[str, Any]:
+        backend, stage = self.checkpoint_identity()
+        raise ZeroConfigError(
+            f"{describe(backend, stage, self.world_size)} cannot resume '{path}' through a universal checkpoint:"
+            " resume it under a DeepSpeed or FSDP2 preset."
+        )
+
+    def backend_load_checkpoint(self, path: Path, weights_only: bool | None) -> dict[str, Any]:
+        """The backend's own load (Lightning's strategy), without the checks and routes above."""
+        loaded: dict[str, Any] = super().load_checkpoint(path, weights_only)
+        return loaded
 
     def _weights_only(self, path: Path, manifest: Manifest | None, why: str) -> dict[str, Any]:
         """Load the consolidated weights into this strategy's model; Lightning restores the rest of the dict."""
@@ -127,14 +125,3 @@ class SafeCheckpoints(_Strategy):
             universal_checkpoint(path)
         self.barrier()
         return path.with_name(path.name + UNIVERSAL_SUFFIX)
-
-    def _load_by_name(self, path: Path, universal: Path) -> dict[str, Any]:
-        """A DeepSpeed or FairScale checkpoint into FSDP2: the fp32 master weights into the model, then the optimizer
-        state by parameter name; Lightning restores the rest of the dict."""
-        checkpoint = weights_only_checkpoint(path)
-        del checkpoint[WEIGHTS_ONLY_KEY]  # the optimizer, its learning rates included, is carried
-        module = self.lightning_module
-        assert module is not None, "a checkpoint loads into a set-up strategy"
-        load_into_fsdp2(module, checkpoint["state_dict"])
-        load_into_torch_optimizer(module, self.optimizers[0], read_universal(universal))
-        return checkpoint

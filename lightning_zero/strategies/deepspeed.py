@@ -29,12 +29,14 @@ from torch.nn import Module
 from torch.optim import Optimizer
 from torchmetrics import Metric
 
+from lightning_zero.checkpoint.reshard import repair_universal_load
 from lightning_zero.checkpoint.strategy import SafeCheckpoints
 from lightning_zero.checkpoint.weights_only import load_into_deepspeed
 from lightning_zero.errors import ZeroConfigError
 from lightning_zero.internals import (
     attached_trainer,
     init_optimizers_and_schedulers,
+    load_universal_checkpoint_next,
     zero3_consolidated_state_dict,
     zero3_gradient_hooks,
 )
@@ -425,6 +427,16 @@ class DeepSpeedZeroStrategy(ShardedSetup, WatchedRanks, SafeCheckpoints, _DeepSp
     def load_consolidated_weights(self, module: Module, state_dict: dict[str, Any]) -> None:
         # The engine is set up before a checkpoint loads, and Lightning's `load_model_state_dict` does nothing here.
         load_into_deepspeed(module, self.deepspeed_engine, state_dict, self.zero.stage)
+
+    def swaps_optimizer_to_nvme(self) -> bool:
+        return bool(self.deepspeed_engine.zero_nvme_offload_optimizer())
+
+    def load_universal(self, path: Path, universal: Path, weights_only: bool | None) -> dict[str, Any]:
+        # Lightning builds the engine before it loads, so `checkpoint.load_universal` is switched on here.
+        load_universal_checkpoint_next(self.deepspeed_engine)
+        checkpoint = self.backend_load_checkpoint(universal, weights_only)
+        repair_universal_load(self.deepspeed_engine.optimizer.optimizer, universal, self.zero.stage)
+        return checkpoint
 
 
 #: The documented name of :class:`DeepSpeedZeroStrategy`.

@@ -28,6 +28,7 @@ from lightning.pytorch.trainer.states import TrainerFn
 from torch import Tensor, nn
 from torch.optim import Optimizer
 
+from lightning_zero.checkpoint.by_name import PARAMETER_NAMES_KEY, parameter_names
 from lightning_zero.checkpoint.strategy import SafeCheckpoints
 from lightning_zero.errors import ZeroConfigError
 from lightning_zero.internals import (
@@ -203,6 +204,11 @@ class FairScaleStrategy(ShardedSetup, WatchedRanks, SafeCheckpoints, DDPStrategy
 
     def load_consolidated_weights(self, module: nn.Module, state_dict: dict[str, Any]) -> None:
         """Nothing before Lightning's ``load_model_state_dict``, which loads them: every rank holds all parameters."""
+
+    def add_checkpoint_entries(self, checkpoint: dict[str, Any]) -> None:
+        """Its optimizer state is keyed by position: the parameter names make it readable by other backends."""
+        assert self.lightning_module is not None, "a set-up strategy saves"
+        checkpoint[PARAMETER_NAMES_KEY] = parameter_names(self.lightning_module, self.optimizers[0])
 
 
 def to_oss(optimizer: Optimizer, config: FairScaleZeroConfig) -> OSS:

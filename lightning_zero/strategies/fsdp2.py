@@ -17,6 +17,7 @@ offload on GPUs needs gloo next to nccl for the gradients' collectives: the proc
 from __future__ import annotations
 
 from datetime import timedelta
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from lightning.fabric.plugins.collectives.torch_collective import default_pg_timeout
@@ -25,8 +26,9 @@ from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities import rank_zero_info
 from torch import nn
 
+from lightning_zero.checkpoint.by_name import load_into_torch_optimizer, read_universal
 from lightning_zero.checkpoint.strategy import SafeCheckpoints
-from lightning_zero.checkpoint.weights_only import load_into_fsdp2
+from lightning_zero.checkpoint.weights_only import WEIGHTS_ONLY_KEY, load_into_fsdp2, weights_only_checkpoint
 from lightning_zero.errors import ZeroConfigError
 from lightning_zero.internals import materialize_meta_module
 from lightning_zero.runtime.blocks import transformer_blocks
@@ -155,6 +157,17 @@ class FSDP2Strategy(ShardedSetup, WatchedRanks, SafeCheckpoints, ModelParallelSt
 
     def load_consolidated_weights(self, module: nn.Module, state_dict: dict[str, Any]) -> None:
         load_into_fsdp2(module, state_dict)
+
+    def load_universal(self, path: Path, universal: Path, weights_only: bool | None) -> dict[str, Any]:
+        """A DeepSpeed or FairScale checkpoint into FSDP2: the fp32 master weights into the model, then the optimizer
+        state by parameter name; Lightning restores the rest of the dict."""
+        checkpoint = weights_only_checkpoint(path)
+        del checkpoint[WEIGHTS_ONLY_KEY]  # the optimizer, its learning rates included, is carried
+        module = self.lightning_module
+        assert module is not None, "a checkpoint loads into a set-up strategy"
+        load_into_fsdp2(module, checkpoint["state_dict"])
+        load_into_torch_optimizer(module, self.optimizers[0], read_universal(universal))
+        return checkpoint
 
 
 def shard_module(module: nn.Module, mesh: DeviceMesh, options: Any) -> int:
