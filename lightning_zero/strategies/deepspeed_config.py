@@ -155,39 +155,95 @@ def zenflow_section(config: DeepSpeedZeroConfig) -> dict[str, Any]:
     }
 
 
+@dataclasses.dataclass(frozen=True)
+class Setting:
+    """A :class:`DeepSpeedZeroConfig` field and where DeepSpeed reads it.
+
+    Args:
+        field: The typed field.
+        path: Its keys in a DeepSpeed config, outermost first.
+        stages: The ZeRO stages it is written at.
+        needs: The offload field (``offload_optimizer``/``offload_parameters``) that must be on for it to be written.
+        only_if_changed: Written only when it differs from the field's default (DeepSpeed's own default then holds).
+    """
+
+    field: str
+    path: tuple[str, ...]
+    stages: tuple[int, ...] = (0, 1, 2, 3)
+    needs: str | None = None
+    only_if_changed: bool = False
+
+
+_ZERO = "zero_optimization"
+_OFFLOADED_OPTIMIZER = (_ZERO, "offload_optimizer")
+_OFFLOADED_PARAMETERS = (_ZERO, "offload_param")
+
+#: Every typed field a DeepSpeed config holds as it is, written once: :func:`to_deepspeed_config` writes these and
+#: :func:`zero_config_of` reads them back. The others (ZenFlow's block, bf16 states, fp16/bf16 ``enabled``) are
+#: derived values, written and read next to the table.
+SETTINGS: tuple[Setting, ...] = (
+    Setting("stage", (_ZERO, "stage")),
+    Setting("overlap_comm", (_ZERO, "overlap_comm")),
+    Setting("contiguous_gradients", (_ZERO, "contiguous_gradients")),
+    Setting("reduce_bucket_size", (_ZERO, "reduce_bucket_size")),
+    Setting("sub_group_size", (_ZERO, "sub_group_size")),
+    Setting("allgather_bucket_size", (_ZERO, "allgather_bucket_size"), stages=(1, 2)),
+    Setting("prefetch_bucket_size", (_ZERO, "stage3_prefetch_bucket_size"), stages=(3,)),
+    Setting("param_persistence_threshold", (_ZERO, "stage3_param_persistence_threshold"), stages=(3,)),
+    Setting("max_live_parameters", (_ZERO, "stage3_max_live_parameters"), stages=(3,)),
+    Setting("offload_optimizer", (*_OFFLOADED_OPTIMIZER, "device"), needs="offload_optimizer"),
+    Setting("nvme_path", (*_OFFLOADED_OPTIMIZER, "nvme_path"), needs="offload_optimizer"),
+    Setting("pin_memory", (*_OFFLOADED_OPTIMIZER, "pin_memory"), needs="offload_optimizer"),
+    Setting("offload_ratio", (*_OFFLOADED_OPTIMIZER, "ratio"), needs="offload_optimizer", only_if_changed=True),
+    Setting("offload_parameters", (*_OFFLOADED_PARAMETERS, "device"), needs="offload_parameters"),
+    Setting("nvme_path", (*_OFFLOADED_PARAMETERS, "nvme_path"), needs="offload_parameters"),
+    Setting("pin_memory", (*_OFFLOADED_PARAMETERS, "pin_memory"), needs="offload_parameters"),
+    Setting("offload_buffer_count", (*_OFFLOADED_PARAMETERS, "buffer_count"), needs="offload_parameters"),
+    Setting("offload_buffer_size", (*_OFFLOADED_PARAMETERS, "buffer_size"), needs="offload_parameters"),
+    Setting("loss_scale", ("fp16", "loss_scale")),
+    Setting("initial_scale_power", ("fp16", "initial_scale_power")),
+    Setting("loss_scale_window", ("fp16", "loss_scale_window")),
+    Setting("hysteresis", ("fp16", "hysteresis")),
+    Setting("min_loss_scale", ("fp16", "min_loss_scale")),
+)
+
+_DEFAULTS = {field.name: field.default for field in dataclasses.fields(DeepSpeedZeroConfig)}
+
+
+def _written(setting: Setting, config: DeepSpeedZeroConfig) -> bool:
+    if config.stage not in setting.stages:
+        return False
+    if setting.needs is not None and getattr(config, setting.needs) == "none":
+        return False
+    return not (setting.only_if_changed and getattr(config, setting.field) == _DEFAULTS[setting.field])
+
+
+def table_values(config: DeepSpeedZeroConfig) -> dict[str, Any]:
+    """The :data:`SETTINGS` of ``config`` as a nested DeepSpeed config (only those written at its stage and
+    offloads)."""
+    values: dict[str, Any] = {}
+    for setting in SETTINGS:
+        if _written(setting, config):
+            *sections, key = setting.path
+            node = values
+            for section in sections:
+                node = node.setdefault(section, {})
+            node[key] = getattr(config, setting.field)
+    return values
+
+
+def _read(ds_config: Mapping[str, Any], path: tuple[str, ...]) -> Any:
+    node: Any = ds_config
+    for key in path:
+        node = node.get(key) if isinstance(node, Mapping) else None
+    return node
+
+
 def zero_optimization_section(config: DeepSpeedZeroConfig) -> dict[str, Any]:
     """The ``zero_optimization`` block of a DeepSpeed config for ``config``."""
-    section: dict[str, Any] = {
-        "stage": config.stage,
-        "overlap_comm": config.overlap_comm,
-        "contiguous_gradients": config.contiguous_gradients,
-        "reduce_bucket_size": config.reduce_bucket_size,
-        "sub_group_size": config.sub_group_size,
-    }
-    if config.stage in (1, 2):
-        section["allgather_bucket_size"] = config.allgather_bucket_size
-    if config.stage == 3:
-        section["stage3_prefetch_bucket_size"] = config.prefetch_bucket_size
-        section["stage3_param_persistence_threshold"] = config.param_persistence_threshold
-        section["stage3_max_live_parameters"] = config.max_live_parameters
-    if config.offload_optimizer != "none":
-        section["offload_optimizer"] = {
-            "device": config.offload_optimizer,
-            "nvme_path": config.nvme_path,
-            "pin_memory": config.pin_memory,
-        }
-        if config.offload_ratio < 1.0:
-            section["offload_optimizer"]["ratio"] = config.offload_ratio
+    section: dict[str, Any] = table_values(config)[_ZERO]
     if config.zenflow:
         section["zenflow"] = zenflow_section(config)
-    if config.offload_parameters != "none":
-        section["offload_param"] = {
-            "device": config.offload_parameters,
-            "nvme_path": config.nvme_path,
-            "pin_memory": config.pin_memory,
-            "buffer_count": config.offload_buffer_count,
-            "buffer_size": config.offload_buffer_size,
-        }
     return section
 
 
@@ -204,14 +260,7 @@ def to_deepspeed_config(config: DeepSpeedZeroConfig) -> dict[str, Any]:
         "zero_allow_untested_optimizer": True,
         "zero_force_ds_cpu_optimizer": False,
         "zero_optimization": zero_optimization_section(config),
-        "fp16": {
-            "enabled": AUTO,
-            "loss_scale": config.loss_scale,
-            "initial_scale_power": config.initial_scale_power,
-            "loss_scale_window": config.loss_scale_window,
-            "hysteresis": config.hysteresis,
-            "min_loss_scale": config.min_loss_scale,
-        },
+        "fp16": {"enabled": AUTO, **table_values(config)["fp16"]},
         "bf16": {"enabled": AUTO, **_bf16_states(config.bf16_optimizer_states)},
     }
 
@@ -250,22 +299,6 @@ def zero_stage(ds_config: Mapping[str, Any]) -> int:
     return int(ds_config.get("zero_optimization", {}).get("stage", 0))
 
 
-_FP16_FIELDS = ("loss_scale", "initial_scale_power", "loss_scale_window", "hysteresis", "min_loss_scale")
-
-
-#: ``zero_optimization`` keys and the :class:`DeepSpeedZeroConfig` fields they fill (:func:`zero_optimization_section`).
-_SECTION_FIELDS = {
-    "overlap_comm": "overlap_comm",
-    "contiguous_gradients": "contiguous_gradients",
-    "reduce_bucket_size": "reduce_bucket_size",
-    "allgather_bucket_size": "allgather_bucket_size",
-    "sub_group_size": "sub_group_size",
-    "stage3_prefetch_bucket_size": "prefetch_bucket_size",
-    "stage3_param_persistence_threshold": "param_persistence_threshold",
-    "stage3_max_live_parameters": "max_live_parameters",
-}
-
-
 def _given(value: Any) -> bool:
     """Whether a config value is set to a value of its own (not missing, ``None`` or ``"auto"``)."""
     return value is not None and value != AUTO
@@ -279,33 +312,23 @@ def zero_config_of(ds_config: Mapping[str, Any]) -> DeepSpeedZeroConfig:
     The strategy reads these (parameter placement, CPU Adam under offload) from the config it runs, so a
     config file and the strategy never disagree. Settings only lightning-zero has keep their defaults.
     """
-    section = ds_config.get("zero_optimization") or {}
     stage = zero_stage(ds_config)
     if stage not in (0, 1, 2, 3):
         raise ZeroConfigError(f"ZeRO stage must be 0, 1, 2 or 3, got {stage}: fix `zero_optimization.stage`.")
-    optimizer = section.get("offload_optimizer") or {}
-    parameters = section.get("offload_param") or {}
-    fp16 = ds_config.get("fp16") or {}
+    given: dict[str, Any] = {}
+    for setting in SETTINGS:  # the first place that gives a field wins (the optimizer's offload block)
+        value = _read(ds_config, setting.path)
+        if _given(value) and setting.field not in given:
+            given[setting.field] = value
+    offloaded = given.get("offload_optimizer", "none") != "none"
     bf16 = ds_config.get("bf16") or {}
-    zenflow = section.get("zenflow") or {}
-    offloaded = (optimizer.get("device") or "none") != "none"
-    runs_with = {field: section[key] for key, field in _SECTION_FIELDS.items() if _given(section.get(key))}
-    offloads: dict[str, Any] = {
-        "pin_memory": optimizer.get("pin_memory", parameters.get("pin_memory")),
-        "offload_ratio": optimizer.get("ratio"),
-    }
+    zenflow = _read(ds_config, (_ZERO, "zenflow")) or {}
     return DeepSpeedZeroConfig(
-        stage=stage,
-        offload_optimizer=optimizer.get("device") or "none",
-        offload_parameters=parameters.get("device") or "none",
-        nvme_path=optimizer.get("nvme_path") or parameters.get("nvme_path"),
-        **runs_with,
-        **{name: value for name, value in offloads.items() if _given(value)},
+        **{**given, "stage": stage},
         # What the CPU optimizer the strategy builds must do: only under optimizer offload.
         bf16_optimizer_states=offloaded and bool(bf16.get("bf16_optimizer_states", False)),
         zenflow=offloaded and bool(zenflow),
         zenflow_overlap_step=offloaded and bool(zenflow.get("overlap_step", False)),
-        **{name: fp16[name] for name in _FP16_FIELDS if name in fp16},
     )
 
 
