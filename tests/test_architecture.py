@@ -22,6 +22,7 @@ LAYERS: tuple[frozenset[str], ...] = (
     frozenset({"checkpoint"}),
     frozenset({"strategies"}),
     frozenset({"auto"}),
+    frozenset({"fabric"}),
     frozenset({"presets"}),
     frozenset({"tasks", "callbacks"}),
     frozenset({"__init__", "parse_errors", "preflight", "cli", "plan_command", "chat"}),
