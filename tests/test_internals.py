@@ -285,12 +285,13 @@ def overridden_privates(cls: type) -> set[str]:
 
 
 def test_every_private_lightning_method_we_override_is_listed() -> None:
-    from lightning_zero.fabric.deepspeed import FabricZeroStrategy
+    from lightning_zero.fabric.deepspeed import FabricZeroStrategy, _FabricDeepSpeedOnCpu
     from lightning_zero.fabric.fsdp2 import FabricFSDP2Strategy
     from lightning_zero.strategies.deepspeed import DeepSpeedZeroStrategy, _DeepSpeedOnCpu
     from lightning_zero.strategies.fsdp2 import FSDP2Strategy
 
-    classes = (_DeepSpeedOnCpu, DeepSpeedZeroStrategy, FSDP2Strategy, FabricZeroStrategy, FabricFSDP2Strategy)
+    fabric = (_FabricDeepSpeedOnCpu, FabricZeroStrategy, FabricFSDP2Strategy)
+    classes = (_DeepSpeedOnCpu, DeepSpeedZeroStrategy, FSDP2Strategy, *fabric)
     overridden = set().union(*(overridden_privates(cls) for cls in classes))
     assert sorted(overridden - RELIED_ON.keys()) == []
 

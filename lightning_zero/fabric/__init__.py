@@ -19,7 +19,7 @@ INSTEAD = {
     "auto": (
         "`zero_auto` does not run under Fabric (its search times trial steps through the Trainer's loop): run"
         " `lightning-zero plan` or `zero_auto` once under the Trainer, then pass the preset it chose, e.g."
-        ' `strategy="zero2_offload"`.'
+        " `zero2_offload`."
     ),
 }
 

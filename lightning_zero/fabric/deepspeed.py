@@ -43,7 +43,45 @@ if TYPE_CHECKING:
     import deepspeed
 
 
-class FabricZeroStrategy(FabricWatchedRanks, DeepSpeedStrategy):
+class _FabricDeepSpeedOnCpu(DeepSpeedStrategy):
+    """Fabric's ``DeepSpeedStrategy`` on CPU as well: it refuses anything but CUDA at set-up and checks device
+    indices that are ``None`` on CPU; DeepSpeed itself runs there (the Trainer's strategy lifts the same checks)."""
+
+    _replaced_accelerator: Any = None
+
+    @property
+    def on_cpu(self) -> bool:
+        return self.root_device.type == "cpu"
+
+    def setup_environment(self) -> None:
+        # Fabric's DeepSpeed strategy refuses anything but CUDA here; DeepSpeed itself runs on CPU.
+        if self.on_cpu:
+            self._replaced_accelerator = use_deepspeed_cpu_accelerator()
+        DDPStrategy.setup_environment(self)
+
+    def _setup_distributed(self) -> None:
+        if not self.on_cpu:
+            super()._setup_distributed()
+            return
+        # Fabric's checks device indices, which are None on CPU.
+        reset_seed()
+        self._set_world_ranks()
+        wait_for_op("ShareMemCommBuilder")  # DeepSpeed loads it on CPU at init, through torch's build lock
+        self._init_deepspeed_distributed()
+        if not self._config_initialized:
+            self._format_config()
+            self._config_initialized = True
+
+    def teardown(self) -> None:
+        super().teardown()
+        if self._replaced_accelerator is not None:  # DeepSpeed's accelerator is process-wide: give it back
+            from deepspeed.accelerator import set_accelerator
+
+            set_accelerator(self._replaced_accelerator)
+            self._replaced_accelerator = None
+
+
+class FabricZeroStrategy(FabricWatchedRanks, _FabricDeepSpeedOnCpu):
     """ZeRO stages 0-3 with optional CPU/NVMe offload through DeepSpeed, for ``Fabric(strategy=...)``.
 
     The same settings as the Trainer's ``ZeroStrategy``: pass ``zero`` (a :class:`DeepSpeedZeroConfig` or a
@@ -105,7 +143,6 @@ class FabricZeroStrategy(FabricWatchedRanks, DeepSpeedStrategy):
             logging_level=logging_level,
             remote_device=remote_device,
         )
-        self._replaced_accelerator: Any = None
 
     @property
     def zero(self) -> DeepSpeedZeroConfig:
@@ -128,29 +165,6 @@ class FabricZeroStrategy(FabricWatchedRanks, DeepSpeedStrategy):
         """Fabric's precision plugin, under the Trainer's name the memory budget reads."""
         return self.precision
 
-    @property
-    def on_cpu(self) -> bool:
-        return self.root_device.type == "cpu"
-
-    def setup_environment(self) -> None:
-        # Fabric's DeepSpeed strategy refuses anything but CUDA here; DeepSpeed itself runs on CPU.
-        if self.on_cpu:
-            self._replaced_accelerator = use_deepspeed_cpu_accelerator()
-        DDPStrategy.setup_environment(self)
-
-    def _setup_distributed(self) -> None:
-        if not self.on_cpu:
-            super()._setup_distributed()
-            return
-        # Fabric's checks device indices, which are None on CPU.
-        reset_seed()
-        self._set_world_ranks()
-        wait_for_op("ShareMemCommBuilder")  # DeepSpeed loads it on CPU at init, through torch's build lock
-        self._init_deepspeed_distributed()
-        if not self._config_initialized:
-            self._format_config()
-            self._config_initialized = True
-
     def _format_config(self) -> None:
         # Fabric knows the precision only; the rest of the Trainer's values have their Fabric meaning (docstring).
         self.settings = self.settings.with_trainer(
@@ -164,7 +178,7 @@ class FabricZeroStrategy(FabricWatchedRanks, DeepSpeedStrategy):
         torch Adam/AdamW becomes DeepSpeed's CPU Adam under optimizer offload)."""
         if len(optimizers) != 1:
             raise ZeroConfigError(f"DeepSpeed steps one optimizer, but `fabric.setup` got {len(optimizers)}: pass one.")
-        self._prepare(module)
+        self.prepare_module(module)
         optimizer = cpu_adam.for_deepspeed(optimizers[0], scheduler, self.zero)
         engine, ds_optimizer = initialize_engine(
             module, self.settings.deepspeed_dict(), self._device_rank, optimizer, scheduler
@@ -175,12 +189,13 @@ class FabricZeroStrategy(FabricWatchedRanks, DeepSpeedStrategy):
 
     def setup_module(self, module: Module) -> deepspeed.DeepSpeedEngine:
         """An engine for inference (no optimizer)."""
-        self._prepare(module)
+        self.prepare_module(module)
         engine, _ = initialize_engine(module, self.settings.deepspeed_dict(), self._device_rank)
         self._deepspeed_engine = engine
         return engine
 
-    def _prepare(self, module: Module) -> None:
+    def prepare_module(self, module: Module) -> None:
+        """Apply the memory budget for ``module`` and prepare its blocks (checkpointing, compiling)."""
         apply_memory_budget(self, self.zero_backend, module)
         prepare_blocks(module, self.zero.activation_checkpointing, self.zero.compile_blocks)
 
@@ -193,6 +208,8 @@ class FabricZeroStrategy(FabricWatchedRanks, DeepSpeedStrategy):
         self, path: Any, state: dict[str, Any], storage_options: Any = None, filter: Any = None
     ) -> None:
         """Fabric's DeepSpeed save (the Trainer's directory format), written atomically with a manifest."""
+        if storage_options is not None or filter is not None:
+            super().save_checkpoint(path, state, storage_options, filter)  # Fabric's refusal of both
         checkpoints.save(
             self,
             path,
@@ -236,11 +253,6 @@ class FabricZeroStrategy(FabricWatchedRanks, DeepSpeedStrategy):
                 forget_zero3_modules(engine)
         lift_memory_budget(self)
         super().teardown()
-        if self._replaced_accelerator is not None:  # DeepSpeed's accelerator is process-wide: give it back
-            from deepspeed.accelerator import set_accelerator
-
-            set_accelerator(self._replaced_accelerator)
-            self._replaced_accelerator = None
 
     @staticmethod
     def end_process_groups() -> None:

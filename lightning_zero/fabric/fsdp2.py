@@ -21,7 +21,9 @@ from torch import nn
 from torch.optim import Optimizer
 
 from lightning_zero.checkpoint.atomic import save_module_atomically
+from lightning_zero.checkpoint.manifest import checkpoint_manifest
 from lightning_zero.checkpoint.validate import check_checkpoint
+from lightning_zero.checkpoint.weights_only import describe_manifest
 from lightning_zero.errors import ZeroConfigError
 from lightning_zero.fabric.watched import FabricWatchedRanks
 from lightning_zero.memory.budget import apply_memory_budget, lift_memory_budget
@@ -121,10 +123,17 @@ class FabricFSDP2Strategy(FabricWatchedRanks, ModelParallelStrategy):
     def load_checkpoint(
         self, path: Any, state: Any = None, strict: bool = True, weights_only: bool | None = None
     ) -> dict[str, Any]:
-        """Fabric's FSDP2 load, the checkpoint checked first."""
+        """Fabric's FSDP2 load, the checkpoint checked first; one written by another backend is refused (Fabric's
+        FSDP2 format is its own, unlike the DeepSpeed directories that Fabric and the Trainer share)."""
         where = Path(self.broadcast(str(path)))
         if isinstance(state, dict):
             check_checkpoint(where, _module_of(state))
+        manifest = checkpoint_manifest(where)
+        if manifest is not None and manifest.backend != self.zero_backend:
+            raise ZeroConfigError(
+                f"'{where}' was written by {describe_manifest(manifest)}: under Fabric an FSDP2 preset resumes FSDP2"
+                " checkpoints only; resume it under a preset of its backend, or under the Trainer."
+            )
         return super().load_checkpoint(where, state, strict, weights_only)
 
     def full_state_dict(self, model: nn.Module) -> dict[str, Any]:

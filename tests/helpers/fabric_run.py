@@ -10,7 +10,9 @@ rank 1; later Fabrics and Trainers of the run find the group there).
 ``--resume NAME`` adds, for that preset, the round trips between Fabric and the Trainer at the same size and stage:
 ``fabric_to_trainer`` (Fabric trains the first half, ``fabric.save``; the Trainer resumes from that directory
 through ``ckpt_path`` and trains the second half) and ``trainer_to_fabric`` (the other way round, through
-``trainer.save_checkpoint`` and ``fabric.load``), each saved as NAME-fabric_to_trainer.pt and so on.
+``trainer.save_checkpoint`` and ``fabric.load``), each saved as NAME-fabric_to_trainer.pt and so on (and the
+state at the Fabric save as NAME-half.pt). ``--restage A:B`` resumes a Fabric checkpoint of preset A under
+preset B (A-to-B.pt).
 """
 
 from __future__ import annotations
@@ -115,6 +117,7 @@ def fabric_to_trainer(out: Path, strategy: str, steps: int) -> None:
     first = fabric_train(fabric, model, optimizer, 0, half)
     path = out / f"{strategy}-fabric.ckpt"
     fabric.save(path, {"model": model, "optimizer": optimizer, "global_step": half})
+    save_result(fabric, out, f"{strategy}-half", first, full_state(fabric, model))
     trainer = quiet_trainer(devices=2, strategy=strategy, max_steps=steps - half, use_distributed_sampler=False)
     module = TailLM(half, steps - half)
     trainer.fit(module, ckpt_path=path)
@@ -136,12 +139,31 @@ def trainer_to_fabric(out: Path, strategy: str, steps: int) -> None:
     save_result(fabric, out, f"{strategy}-trainer_to_fabric", module.losses + second, full_state(fabric, model))
 
 
+def restage(out: Path, spec: str, steps: int) -> None:
+    """``A:B``: Fabric trains the first half under preset A and saves; Fabric under preset B loads that checkpoint
+    (another stage: through its universal form) and trains the second half."""
+    first, second = spec.split(":")
+    half = steps // 2
+    fabric = fabric_for(first)
+    model, optimizer = fabric_setup(fabric)
+    losses = fabric_train(fabric, model, optimizer, 0, half)
+    path = out / f"{first}-for-{second}.ckpt"
+    fabric.save(path, {"model": model, "optimizer": optimizer, "global_step": half})
+    fabric = fabric_for(second)
+    model, optimizer = fabric_setup(fabric)
+    rest = fabric.load(path, {"model": model, "optimizer": optimizer})
+    assert rest["global_step"] == half, rest.keys()
+    losses += fabric_train(fabric, model, optimizer, half, steps - half)
+    save_result(fabric, out, f"{first}-to-{second}", losses, full_state(fabric, model))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("out", type=Path)
     parser.add_argument("--steps", type=int, default=8)
     parser.add_argument("--strategies", nargs="+", default=["ddp"])
     parser.add_argument("--resume", nargs="*", default=[])
+    parser.add_argument("--restage", nargs="*", default=[])
     args = parser.parse_args()
     torch.set_num_threads(1)
     for strategy in args.strategies:
@@ -149,6 +171,8 @@ def main() -> None:
     for strategy in args.resume:
         fabric_to_trainer(args.out, strategy, args.steps)
         trainer_to_fabric(args.out, strategy, args.steps)
+    for spec in args.restage:
+        restage(args.out, spec, args.steps)
     end_process_group()
 
 
