@@ -32,7 +32,7 @@ DEEPSPEED_CONFIG = {
 
 def test_deepspeed_with_invalid_config_path() -> None:
     # Upstream: FileNotFoundError. Ours: one line naming the fix.
-    with pytest.raises(ZeroConfigError, match="'invalid_path.json' does not exist: pass an existing JSON or YAML"):
+    with pytest.raises(ZeroConfigError, match=r"'invalid_path\.json' does not exist: pass an existing JSON or YAML"):
         FabricZeroStrategy(deepspeed_config="invalid_path.json")
 
 
@@ -78,7 +78,7 @@ def test_deepspeed_save_filter(tmp_path: Path) -> None:
 @pytest.mark.parametrize("state", [{}, {"model": torch.nn.Linear(3, 3)}])
 def test_deepspeed_save_checkpoint_one_deepspeed_engine_required(tmp_path: Path, state: dict[str, object]) -> None:
     # Upstream: ValueError "Could not find a DeepSpeed model". Ours: one line saying how to pass it.
-    with pytest.raises(ZeroConfigError, match="holds one model set up by `fabric.setup`, but the state has 0"):
+    with pytest.raises(ZeroConfigError, match=r"holds one model set up by `fabric\.setup`, but the state has 0"):
         FabricZeroStrategy().save_checkpoint(path=tmp_path, state=state)
 
 
