@@ -10,6 +10,7 @@ checkpoint format (:mod:`lightning_zero.fabric.checkpoints`).
 from __future__ import annotations
 
 import logging
+from contextlib import AbstractContextManager
 from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -194,6 +195,16 @@ class FabricZeroStrategy(FabricWatchedRanks, _FabricDeepSpeedOnCpu):
         self._deepspeed_engine = engine
         return engine
 
+    def module_sharded_context(self) -> AbstractContextManager[Any]:
+        """ZeRO-3's partitioned construction (``fabric.init_module()``), given a config DeepSpeed may change."""
+        import deepspeed
+
+        return deepspeed.zero.Init(
+            enabled=self.zero_stage_3,
+            remote_device=self.remote_device,
+            config_dict_or_path=self.settings.deepspeed_dict(),
+        )
+
     def prepare_module(self, module: Module) -> None:
         """Apply the memory budget for ``module`` and prepare its blocks (checkpointing, compiling)."""
         apply_memory_budget(self, self.zero_backend, module)
@@ -209,7 +220,7 @@ class FabricZeroStrategy(FabricWatchedRanks, _FabricDeepSpeedOnCpu):
     ) -> None:
         """Fabric's DeepSpeed save (the Trainer's directory format), written atomically with a manifest."""
         if storage_options is not None or filter is not None:
-            super().save_checkpoint(path, state, storage_options, filter)  # Fabric's refusal of both
+            return super().save_checkpoint(path, state, storage_options, filter)  # Fabric's refusal of both
         checkpoints.save(
             self,
             path,
