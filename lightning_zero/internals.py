@@ -103,6 +103,25 @@ RELIED_ON: dict[str, str] = {
     "lightning.pytorch.strategies.deepspeed.DeepSpeedStrategy._init_deepspeed_distributed": (
         "called by the CPU set-up after its own rank set-up, in place of setup_distributed's device check (#12699)"
     ),
+    "lightning.fabric.strategies.deepspeed.DeepSpeedStrategy.setup_environment": (
+        "lifted to run DeepSpeed on CPU under Fabric (its CUDA-only check, as the Trainer's; #12699)"
+    ),
+    "lightning.fabric.strategies.deepspeed.DeepSpeedStrategy._setup_distributed": (
+        "replaced on CPU (its device-index check fails there): its own steps, _set_world_ranks, "
+        "_init_deepspeed_distributed and the config's one _format_config (_config_initialized), in its order"
+    ),
+    "lightning.fabric.strategies.deepspeed.DeepSpeedStrategy._format_config": (
+        "replaced: the config is resolved from the typed settings once the precision is known (Fabric's own "
+        "sets only the micro-batch and precision blocks)"
+    ),
+    "lightning.fabric.strategies.deepspeed.DeepSpeedStrategy.setup_module_and_optimizers": (
+        "replaced to build the engine as the Trainer's strategy does (device rank on CPU, CPU Adam under offload); "
+        "sets _deepspeed_engine and calls _set_deepspeed_activation_checkpointing as it does"
+    ),
+    "lightning.fabric.strategies.model_parallel.ModelParallelStrategy.setup_environment": (
+        "a pure data-parallel mesh (_data_parallel_size, _tensor_parallel_size set before it runs), as for the "
+        "Trainer's ModelParallelStrategy"
+    ),
     "lightning.pytorch.strategies.deepspeed.DeepSpeedStrategy._init_config_if_needed": (
         "the config resolved before ZeRO-3 builds the model, for transformers' HfDeepSpeedConfig"
     ),
@@ -231,6 +250,8 @@ init_optimizers_and_schedulers = _init_optimizers_and_lr_schedulers
 _DS = "lightning.pytorch.strategies.deepspeed.DeepSpeedStrategy"
 _LAUNCHER = "lightning.pytorch.strategies.ddp.DDPStrategy._configure_launcher"
 _MP = "lightning.pytorch.strategies.model_parallel.ModelParallelStrategy"
+_FDS = "lightning.fabric.strategies.deepspeed.DeepSpeedStrategy"
+_FMP = "lightning.fabric.strategies.model_parallel.ModelParallelStrategy"
 
 #: ``(module, private name) -> RELIED_ON entry`` of each private attribute or method of an upstream class that a
 #: module other than this one uses: the strategies' overrides and the state of the classes they derive from.
@@ -241,6 +262,17 @@ ACCESSED: dict[tuple[str, str], str] = {
     ("lightning_zero.strategies.deepspeed", "_init_config_if_needed"): f"{_DS}._init_config_if_needed",
     ("lightning_zero.strategies.deepspeed", "_auto_select_batch_size"): f"{_DS}._auto_select_batch_size",
     ("lightning_zero.strategies.deepspeed", "_init_optimizers"): f"{_DS}._init_optimizers",
+    ("lightning_zero.fabric.deepspeed", "_setup_distributed"): f"{_FDS}._setup_distributed",
+    ("lightning_zero.fabric.deepspeed", "_set_world_ranks"): f"{_FDS}._setup_distributed",
+    ("lightning_zero.fabric.deepspeed", "_init_deepspeed_distributed"): f"{_FDS}._setup_distributed",
+    ("lightning_zero.fabric.deepspeed", "_config_initialized"): f"{_FDS}._setup_distributed",
+    ("lightning_zero.fabric.deepspeed", "_format_config"): f"{_FDS}._format_config",
+    ("lightning_zero.fabric.deepspeed", "_deepspeed_engine"): f"{_FDS}.setup_module_and_optimizers",
+    ("lightning_zero.fabric.deepspeed", "_set_deepspeed_activation_checkpointing"): (
+        f"{_FDS}.setup_module_and_optimizers"
+    ),
+    ("lightning_zero.fabric.fsdp2", "_data_parallel_size"): f"{_FMP}.setup_environment",
+    ("lightning_zero.fabric.fsdp2", "_tensor_parallel_size"): f"{_FMP}.setup_environment",
     ("lightning_zero.strategies.fairscale", "_layer_sync"): "lightning.pytorch.strategies.ddp.DDPStrategy.setup",
     ("lightning_zero.strategies.fsdp2", "_get_process_group_backend"): f"{_MP}._get_process_group_backend",
     ("lightning_zero.strategies.fsdp2", "_process_group_backend"): f"{_MP}._get_process_group_backend",

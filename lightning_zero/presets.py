@@ -20,10 +20,13 @@ __all__ = [
     "PRESETS",
     "Preset",
     "backend_class",
+    "build_fabric_preset",
     "build_preset",
     "check_strategy_name",
+    "fabric_backend_class",
     "get_preset",
     "preset_names",
+    "register_fabric_presets",
     "register_presets",
 ]
 
@@ -49,26 +52,58 @@ def backend_class(backend: str) -> type:
     raise ZeroConfigError(f"Unknown backend {backend!r}: use one of {sorted({p.backend for p in PRESETS})}.")
 
 
-def register_presets(registry: Any = StrategyRegistry, backend: str | None = None) -> None:
-    """Register every preset (or one backend's) with a Lightning strategy registry (Lightning's own by default).
+def fabric_backend_class(backend: str) -> type:
+    """The Fabric strategy class of a backend (:mod:`lightning_zero.fabric`), imported only when asked for."""
+    if backend == "deepspeed":
+        from lightning_zero.fabric.deepspeed import FabricZeroStrategy
+
+        return FabricZeroStrategy
+    if backend == "fsdp2":
+        from lightning_zero.fabric.fsdp2 import FabricFSDP2Strategy
+
+        return FabricFSDP2Strategy
+    from lightning_zero.fabric import unsupported_backend
+
+    raise unsupported_backend(backend)
+
+
+def build_fabric_preset(name: str, **overrides: Any) -> Any:
+    """The Fabric strategy for preset ``name`` (``Fabric(strategy=build_fabric_preset("zero3_offload"))``), with
+    config fields overridden as in :func:`build_preset`."""
+    preset = get_preset(name)
+    return fabric_backend_class(preset.backend)(zero={**preset.fields, **overrides})
+
+
+def register_fabric_presets(registry: Any = None, backend: str | None = None) -> None:
+    """Register every preset (or one backend's) with a Fabric strategy registry (Fabric's own by default), as
+    :func:`register_presets` does for the Trainer's."""
+    from lightning.fabric.strategies import STRATEGY_REGISTRY
+
+    register_presets(STRATEGY_REGISTRY if registry is None else registry, backend, build=build_fabric_preset)
+
+
+def register_presets(registry: Any = StrategyRegistry, backend: str | None = None, build: Any = None) -> None:
+    """Register every preset (or one backend's) with a Lightning strategy registry (Lightning's own by default);
+    ``build(name)`` makes the strategy (:func:`build_preset`, or :func:`build_fabric_preset` for Fabric's).
 
     Registering again replaces our own entries; a name another package registered first keeps its strategy, with
     one warning naming the preset's other route (:func:`build_preset`)."""
+    build = build_preset if build is None else build
     for preset in PRESETS:
         if backend is not None and preset.backend != backend:
             continue
-        factory = functools.partial(build_preset, preset.name)  # what Lightning calls when it resolves the name
+        factory = functools.partial(build, preset.name)  # what Lightning calls when it resolves the name
         if preset.name in registry and not _is_ours(registry[preset.name]["strategy"]):
             rank_zero_warn(
                 f"Strategy name {preset.name!r} is already registered by another package: lightning-zero's preset"
-                f" is not registered under it; use strategy=lightning_zero.build_preset({preset.name!r}) instead."
+                f" is not registered under it; use strategy=lightning_zero.{build.__name__}({preset.name!r}) instead."
             )
             continue
         registry.register(preset.name, factory, description=preset.description, override=True)
 
 
 def _is_ours(strategy: Any) -> bool:
-    return isinstance(strategy, functools.partial) and strategy.func is build_preset
+    return isinstance(strategy, functools.partial) and strategy.func in (build_preset, build_fabric_preset)
 
 
 def build_preset(name: str, **overrides: Any) -> Any:

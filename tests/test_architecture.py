@@ -22,6 +22,7 @@ LIBRARY: tuple[frozenset[str], ...] = (
     frozenset({"checkpoint"}),
     frozenset({"strategies"}),
     frozenset({"auto"}),
+    frozenset({"fabric"}),
     frozenset({"presets"}),
     frozenset({"callbacks"}),
     frozenset({"__init__", "moved"}),

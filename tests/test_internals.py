@@ -34,6 +34,11 @@ FINGERPRINTS: dict[str, str] = {
     "lightning.fabric.utilities.init._materialize_distributed_module": "04f62d1d98feb207",
     "lightning.pytorch.core.optimizer._init_optimizers_and_lr_schedulers": "8b5a6065460889a1",
     "lightning.pytorch.strategies.deepspeed.DeepSpeedStrategy.setup_environment": "de7e179a7fc99ab5",
+    "lightning.fabric.strategies.deepspeed.DeepSpeedStrategy.setup_environment": "de7e179a7fc99ab5",
+    "lightning.fabric.strategies.deepspeed.DeepSpeedStrategy._setup_distributed": "ccec40f01b488f6f",
+    "lightning.fabric.strategies.deepspeed.DeepSpeedStrategy._format_config": "c32a945359d3fbf6",
+    "lightning.fabric.strategies.deepspeed.DeepSpeedStrategy.setup_module_and_optimizers": "7a4d5481e3e47c0c",
+    "lightning.fabric.strategies.model_parallel.ModelParallelStrategy.setup_environment": "8262beea44217caa",
     "lightning.pytorch.strategies.deepspeed.DeepSpeedStrategy.setup_distributed": "78cee79c7c131102",
     "lightning.pytorch.strategies.deepspeed.DeepSpeedStrategy._setup_model_and_optimizer": "6a7d1e7daa636a60",
     "lightning.pytorch.strategies.deepspeed.DeepSpeedStrategy._initialize_deepspeed_inference": "dc47d956a17bc6ac",
@@ -280,12 +285,14 @@ def overridden_privates(cls: type) -> set[str]:
 
 
 def test_every_private_lightning_method_we_override_is_listed() -> None:
+    from lightning_zero.fabric.deepspeed import FabricZeroStrategy, _FabricDeepSpeedOnCpu
+    from lightning_zero.fabric.fsdp2 import FabricFSDP2Strategy
     from lightning_zero.strategies.deepspeed import DeepSpeedZeroStrategy, _DeepSpeedOnCpu
     from lightning_zero.strategies.fsdp2 import FSDP2Strategy
 
-    overridden = set().union(
-        *(overridden_privates(cls) for cls in (_DeepSpeedOnCpu, DeepSpeedZeroStrategy, FSDP2Strategy))
-    )
+    fabric = (_FabricDeepSpeedOnCpu, FabricZeroStrategy, FabricFSDP2Strategy)
+    classes = (_DeepSpeedOnCpu, DeepSpeedZeroStrategy, FSDP2Strategy, *fabric)
+    overridden = set().union(*(overridden_privates(cls) for cls in classes))
     assert sorted(overridden - RELIED_ON.keys()) == []
 
 

@@ -19,7 +19,9 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from lightning.fabric.strategies import Strategy as FabricStrategy
 from lightning.pytorch.strategies import Strategy
+from torch import nn
 
 from lightning_zero.checkpoint.hf import HF_KEY, hf_record
 from lightning_zero.checkpoint.manifest import (
@@ -50,12 +52,28 @@ def save_atomically(
     stage: int,
 ) -> None:
     """Save ``checkpoint`` to ``filepath`` with ``write(checkpoint, temporary_path)``; collective."""
+    assert strategy.lightning_module is not None
+    precision = str(strategy.precision_plugin.precision)
+    save_module_atomically(strategy, strategy.lightning_module, precision, checkpoint, filepath, write, backend, stage)
+
+
+def save_module_atomically(
+    strategy: Strategy | FabricStrategy,
+    module: nn.Module,
+    precision: str,
+    checkpoint: dict[str, Any],
+    filepath: Any,
+    write: Callable[[dict[str, Any], Path], None],
+    backend: str,
+    stage: int,
+) -> None:
+    """:func:`save_atomically` for any strategy, Trainer's or Fabric's: ``module`` is the model the checkpoint is of
+    and ``precision`` the run's precision string, as the manifest records them; collective."""
     final = Path(strategy.broadcast(str(filepath)))
     partial = partial_path(final)
-    manifest = describe(strategy, checkpoint, final.name, backend, stage)
+    manifest = describe(strategy, module, precision, checkpoint, final.name, backend, stage)
     checkpoint[CHECKPOINT_KEY] = manifest.to_dict()
-    assert strategy.lightning_module is not None
-    record = hf_record(strategy.lightning_module)
+    record = hf_record(module)
     if record is not None:
         checkpoint[HF_KEY] = record
     if strategy.is_global_zero:
@@ -73,9 +91,15 @@ def save_atomically(
     strategy.barrier()
 
 
-def describe(strategy: Strategy, checkpoint: dict[str, Any], tag: str, backend: str, stage: int) -> Manifest:
-    module = strategy.lightning_module
-    assert module is not None
+def describe(
+    strategy: Strategy | FabricStrategy,
+    module: nn.Module,
+    precision: str,
+    checkpoint: dict[str, Any],
+    tag: str,
+    backend: str,
+    stage: int,
+) -> Manifest:
     return Manifest(
         tag=tag,
         step=int(checkpoint.get("global_step", 0)),
@@ -83,7 +107,7 @@ def describe(strategy: Strategy, checkpoint: dict[str, Any], tag: str, backend: 
         world_size=int(getattr(strategy, "world_size", 1)),
         backend=backend,
         stage=stage,
-        precision=str(strategy.precision_plugin.precision),
+        precision=precision,
         model=model_signature(module),
     )
 

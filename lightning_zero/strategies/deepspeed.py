@@ -180,7 +180,7 @@ class _DeepSpeedOnCpu(DeepSpeedStrategy):
 
     def setup_environment(self) -> None:
         if self.on_cpu:
-            self._replaced_accelerator = _use_deepspeed_cpu_accelerator()
+            self._replaced_accelerator = use_deepspeed_cpu_accelerator()
         DDPStrategy.setup_environment(self)
 
     def teardown(self) -> None:
@@ -443,7 +443,7 @@ class DeepSpeedZeroStrategy(ShardedSetup, WatchedRanks, SafeCheckpoints, _DeepSp
 ZeroStrategy = DeepSpeedZeroStrategy
 
 
-def _use_deepspeed_cpu_accelerator() -> Any:
+def use_deepspeed_cpu_accelerator() -> Any:
     """Make DeepSpeed's process-wide accelerator its CPU one; the one it replaced, or None."""
     from deepspeed.accelerator import get_accelerator, set_accelerator
     from deepspeed.accelerator.cpu_accelerator import CPU_Accelerator

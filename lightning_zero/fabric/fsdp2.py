@@ -1,0 +1,167 @@
+"""ZeRO-2/3 through PyTorch FSDP2 (``fully_shard``) under Lightning Fabric, on CPU (gloo) and CUDA GPUs (nccl).
+
+A thin layer over Fabric's ``ModelParallelStrategy`` whose ``parallelize_fn`` is the Trainer strategy's sharding
+(:func:`~lightning_zero.strategies.fsdp2.shard_module` with :func:`~lightning_zero.strategies.fsdp2_config.
+fully_shard_options`), on a pure data-parallel mesh. ``fabric.setup(model, optimizer)`` works as with DDP: the
+optimizer, made before sharding, is pointed at the sharded parameters by name (Fabric's own strategy leaves it on
+the replaced ones, which then never train).
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from lightning.fabric.plugins.collectives.torch_collective import default_pg_timeout
+from lightning.fabric.strategies import ModelParallelStrategy
+from lightning.fabric.utilities import rank_zero_info
+from lightning.fabric.wrappers import is_wrapped
+from torch import nn
+from torch.optim import Optimizer
+
+from lightning_zero.checkpoint.atomic import save_module_atomically
+from lightning_zero.checkpoint.manifest import checkpoint_manifest
+from lightning_zero.checkpoint.validate import check_checkpoint
+from lightning_zero.checkpoint.weights_only import describe_manifest
+from lightning_zero.errors import ZeroConfigError
+from lightning_zero.fabric.watched import FabricWatchedRanks
+from lightning_zero.memory.budget import apply_memory_budget, lift_memory_budget
+from lightning_zero.runtime.blocks import prepare_blocks
+from lightning_zero.strategies.fsdp2 import shard_module
+from lightning_zero.strategies.fsdp2_config import FSDP2ZeroConfig, fully_shard_options
+
+if TYPE_CHECKING:
+    from torch.distributed.device_mesh import DeviceMesh
+
+
+class FabricFSDP2Strategy(FabricWatchedRanks, ModelParallelStrategy):
+    """ZeRO stage 2 or 3, optionally with CPU offload, through FSDP2, for ``Fabric(strategy=...)``.
+
+    Args:
+        zero: The ZeRO settings (a :class:`FSDP2ZeroConfig` or a mapping of its fields), as for the Trainer.
+        process_group_backend: ``"nccl"`` on GPUs and ``"gloo"`` on CPU unless given.
+        timeout: Collective-operation timeout.
+    """
+
+    #: The registered name that builds this class with its defaults (stage 3).
+    strategy_name = "zero3_fsdp"
+    zero_backend = "fsdp2"
+
+    def __init__(
+        self,
+        zero: FSDP2ZeroConfig | dict[str, Any] | None = None,
+        process_group_backend: str | None = None,
+        timeout: timedelta | None = default_pg_timeout,
+    ) -> None:
+        self.zero = FSDP2ZeroConfig.coerce(zero)
+        super().__init__(
+            parallelize_fn=self._parallelize,
+            save_distributed_checkpoint=self.zero.checkpoint_format == "sharded",
+            process_group_backend=process_group_backend,
+            timeout=timeout,
+        )
+
+    @property
+    def precision_plugin(self) -> Any:
+        """Fabric's precision plugin, under the Trainer's name the memory budget reads."""
+        return self.precision
+
+    @property
+    def model(self) -> nn.Module | None:
+        """``None``: Fabric's strategy holds no model (each call is given it, the memory budget too)."""
+        return None
+
+    def setup_environment(self) -> None:
+        # Every process is one data-parallel shard (Fabric's default puts them on a tensor-parallel axis).
+        self._data_parallel_size = self.num_nodes * self.num_processes
+        self._tensor_parallel_size = 1
+        super().setup_environment()
+
+    def _parallelize(self, module: nn.Module, mesh: DeviceMesh) -> nn.Module:
+        apply_memory_budget(self, self.zero_backend, module)
+        prepare_blocks(module, self.zero.activation_checkpointing, self.zero.compile_blocks)
+        precision = str(self.precision.precision)
+
+        def options(root: bool) -> dict[str, Any]:
+            return fully_shard_options(self.zero, precision, self.root_device.type, root=root)
+
+        count = shard_module(module, mesh["data_parallel"], options)
+        rank_zero_info(f"FSDP2 stage {self.zero.stage}: {count} modules sharded.")
+        return module
+
+    def setup_module_and_optimizers(
+        self, module: nn.Module, optimizers: list[Optimizer], scheduler: Any = None
+    ) -> tuple[nn.Module, list[Optimizer], Any]:
+        """Shard ``module``, then point each optimizer (made before sharding, no steps taken) at its sharded
+        parameters, by name."""
+        names = {id(parameter): name for name, parameter in module.named_parameters()}
+        for optimizer in optimizers:
+            if optimizer.state:
+                raise ZeroConfigError(
+                    "FSDP2 shards the model's parameters: set up the model and optimizer before the first step."
+                )
+        module = self.setup_module(module)
+        sharded = dict(module.named_parameters())
+        for optimizer in optimizers:
+            for group in optimizer.param_groups:
+                group["params"] = [sharded[names[id(parameter)]] for parameter in group["params"]]
+        return module, optimizers, scheduler
+
+    def save_checkpoint(
+        self, path: Any, state: dict[str, Any], storage_options: Any = None, filter: Any = None
+    ) -> None:
+        """Fabric's FSDP2 save, written atomically with a manifest."""
+        module = _module_of(state)
+        precision = str(self.precision.precision)
+
+        def write(checkpoint: dict[str, Any], partial: Path) -> None:
+            super(FabricFSDP2Strategy, self).save_checkpoint(partial, checkpoint, storage_options, filter)
+
+        save_module_atomically(self, module, precision, dict(state), path, write, self.zero_backend, self.zero.stage)
+
+    def load_checkpoint(
+        self, path: Any, state: Any = None, strict: bool = True, weights_only: bool | None = None
+    ) -> dict[str, Any]:
+        """Fabric's FSDP2 load, the checkpoint checked first; one written by another backend is refused (Fabric's
+        FSDP2 format is its own, unlike the DeepSpeed directories that Fabric and the Trainer share)."""
+        where = Path(self.broadcast(str(path)))
+        if isinstance(state, dict):
+            check_checkpoint(where, _module_of(state))
+        manifest = checkpoint_manifest(where)
+        if manifest is not None and manifest.backend != self.zero_backend:
+            raise ZeroConfigError(
+                f"'{where}' was written by {describe_manifest(manifest)}: under Fabric an FSDP2 preset resumes FSDP2"
+                " checkpoints only; resume it under a preset of its backend, or under the Trainer."
+            )
+        return super().load_checkpoint(where, state, strict, weights_only)
+
+    def full_state_dict(self, model: nn.Module) -> dict[str, Any]:
+        """The whole state dict of ``model`` (as ``fabric.setup`` returned it) on global rank 0, gathered from every
+        shard, ``{}`` elsewhere; collective."""
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        module = _unwrapped(model)
+        state = get_model_state_dict(module, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        return state if self.is_global_zero else {}
+
+    def teardown(self) -> None:
+        lift_memory_budget(self)
+        super().teardown()
+
+
+def _module_of(state: dict[str, Any]) -> nn.Module:
+    modules = [value for value in state.values() if isinstance(value, nn.Module)]
+    if len(modules) != 1:
+        raise ZeroConfigError(
+            f"A checkpoint holds one model set up by `fabric.setup`, but the state has {len(modules)}: pass it as"
+            " `{'model': model, 'optimizer': optimizer, ...}`."
+        )
+    return _unwrapped(modules[0])
+
+
+def _unwrapped(model: nn.Module) -> nn.Module:
+    """The user's module of a model ``fabric.setup`` returned (any other module as it is)."""
+    module = model.module if is_wrapped(model) else model
+    assert isinstance(module, nn.Module)
+    return module

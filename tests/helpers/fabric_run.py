@@ -1,0 +1,180 @@
+"""Train the tiny GPT-2 with Lightning Fabric under several strategies in one 2-process launch.
+
+    python tests/helpers/fabric_run.py OUT_DIR --steps 8 --strategies ddp zero2 zero3_fsdp [--resume zero2]
+
+A plain Fabric loop (``fabric.setup``, ``fabric.backward``, ``optimizer.step``) over the data every rank's shard of
+:func:`~tests.helpers.tiny.token_data`; for each strategy rank 0 writes OUT_DIR/NAME.pt with the per-step losses
+(mean over ranks) and the full final state dict. Strategies share one process group (Fabric's first launch starts
+rank 1; later Fabrics and Trainers of the run find the group there).
+
+``--resume NAME`` adds, for that preset, the round trips between Fabric and the Trainer at the same size and stage:
+``fabric_to_trainer`` (Fabric trains the first half, ``fabric.save``; the Trainer resumes from that directory
+through ``ckpt_path`` and trains the second half) and ``trainer_to_fabric`` (the other way round, through
+``trainer.save_checkpoint`` and ``fabric.load``), each saved as NAME-fabric_to_trainer.pt and so on (and the
+state at the Fabric save as NAME-half.pt). ``--restage A:B`` resumes a Fabric checkpoint of preset A under
+preset B (A-to-B.pt).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+import lightning as L
+import torch
+from torch.utils.data import DataLoader, Subset
+
+import lightning_zero  # noqa: F401  (registers the presets, with Fabric's registry too)
+from tests.helpers.tiny import TinyLM, token_data
+from tests.helpers.trainer import end_process_group, quiet_trainer
+
+BATCH = 4
+LR = 1e-2
+WEIGHT_DECAY = 0.01
+
+
+def fabric_for(strategy: str) -> L.Fabric:
+    fabric = L.Fabric(accelerator="cpu", devices=2, strategy=strategy, precision="32-true")
+    fabric.launch()
+    return fabric
+
+
+def samples(rank: int, first_step: int, steps: int) -> Subset[Any]:
+    """The samples ``rank`` trains on in steps ``first_step`` to ``first_step + steps``: r, r + 2, ... of the data,
+    in order. Each rank's loader is its own (no distributed sampler): the Trainer's always shuffles, and the
+    second half of a run must see the batches an uninterrupted run sees."""
+    first = BATCH * first_step
+    return Subset(token_data(), [2 * index + rank for index in range(first, first + BATCH * steps)])
+
+
+def fabric_setup(fabric: L.Fabric) -> tuple[Any, Any]:
+    module = TinyLM(lr=LR, weight_decay=WEIGHT_DECAY, scheduler=False)
+    optimizer = torch.optim.AdamW(module.parameters(), lr=LR, weight_decay=WEIGHT_DECAY)
+    return fabric.setup(module, optimizer)
+
+
+def fabric_train(fabric: L.Fabric, model: Any, optimizer: Any, first_step: int, steps: int) -> list[float]:
+    data = samples(fabric.global_rank, first_step, steps)
+    loader = fabric.setup_dataloaders(DataLoader(data, batch_size=BATCH), use_distributed_sampler=False)
+    losses = []
+    for (input_ids,) in loader:
+        loss = model(input_ids)
+        fabric.backward(loss)
+        optimizer.step()
+        optimizer.zero_grad()
+        mean = fabric.all_reduce(loss.detach(), reduce_op="mean")
+        assert isinstance(mean, torch.Tensor)
+        losses.append(mean.item())
+    return losses
+
+
+def full_state(fabric: L.Fabric, model: Any) -> dict[str, torch.Tensor]:
+    strategy = fabric.strategy
+    if hasattr(strategy, "full_state_dict"):
+        state: dict[str, torch.Tensor] = strategy.full_state_dict(model)
+    else:  # Fabric's own DDP: every rank holds the whole model
+        state = model.state_dict()
+    return {key: value.detach().float().cpu().clone() for key, value in state.items()}
+
+
+def save_result(fabric: L.Fabric, out: Path, name: str, losses: list[float], state: dict[str, Any]) -> None:
+    if fabric.is_global_zero:
+        torch.save({"losses": losses, "state_dict": state}, out / f"{name}.pt")
+    fabric.barrier()
+
+
+def fabric_run(out: Path, strategy: str, steps: int) -> None:
+    fabric = fabric_for(strategy)
+    model, optimizer = fabric_setup(fabric)
+    losses = fabric_train(fabric, model, optimizer, 0, steps)
+    save_result(fabric, out, strategy, losses, full_state(fabric, model))
+
+
+class TailLM(TinyLM):
+    """The tiny LM on the samples of steps ``first_step`` onwards."""
+
+    def __init__(self, first_step: int, steps: int) -> None:
+        super().__init__(lr=LR, weight_decay=WEIGHT_DECAY, scheduler=False, batch_size=BATCH)
+        self.first_step, self.steps = first_step, steps
+
+    def train_dataloader(self) -> DataLoader[Any]:
+        return DataLoader(samples(self.global_rank, self.first_step, self.steps), batch_size=BATCH)
+
+
+def trainer_state(trainer: L.Trainer) -> dict[str, torch.Tensor]:
+    state: dict[str, torch.Tensor] = trainer.strategy.full_state_dict()  # type: ignore[attr-defined]
+    return {key: value.detach().float().cpu().clone() for key, value in state.items()}
+
+
+def fabric_to_trainer(out: Path, strategy: str, steps: int) -> None:
+    half = steps // 2
+    fabric = fabric_for(strategy)
+    model, optimizer = fabric_setup(fabric)
+    first = fabric_train(fabric, model, optimizer, 0, half)
+    path = out / f"{strategy}-fabric.ckpt"
+    fabric.save(path, {"model": model, "optimizer": optimizer, "global_step": half})
+    save_result(fabric, out, f"{strategy}-half", first, full_state(fabric, model))
+    trainer = quiet_trainer(devices=2, strategy=strategy, max_steps=steps - half, use_distributed_sampler=False)
+    module = TailLM(half, steps - half)
+    trainer.fit(module, ckpt_path=path)
+    save_result(fabric, out, f"{strategy}-fabric_to_trainer", first + module.losses, trainer_state(trainer))
+
+
+def trainer_to_fabric(out: Path, strategy: str, steps: int) -> None:
+    half = steps // 2
+    trainer = quiet_trainer(devices=2, strategy=strategy, max_steps=half, use_distributed_sampler=False)
+    module = TailLM(0, half)
+    trainer.fit(module)
+    path = out / f"{strategy}-trainer.ckpt"
+    trainer.save_checkpoint(path)
+    fabric = fabric_for(strategy)
+    model, optimizer = fabric_setup(fabric)
+    rest = fabric.load(path, {"model": model, "optimizer": optimizer})
+    assert rest["global_step"] == half, rest.keys()
+    second = fabric_train(fabric, model, optimizer, half, steps - half)
+    save_result(fabric, out, f"{strategy}-trainer_to_fabric", module.losses + second, full_state(fabric, model))
+
+
+def restage(out: Path, spec: str, steps: int) -> None:
+    """``A:B``: Fabric trains the first half under preset A and saves; Fabric under preset B loads that checkpoint
+    (another stage: through its universal form) and trains the second half."""
+    first, second = spec.split(":")
+    half = steps // 2
+    fabric = fabric_for(first)
+    model, optimizer = fabric_setup(fabric)
+    losses = fabric_train(fabric, model, optimizer, 0, half)
+    path = out / f"{first}-for-{second}.ckpt"
+    fabric.save(path, {"model": model, "optimizer": optimizer, "global_step": half})
+    fabric = fabric_for(second)
+    model, optimizer = fabric_setup(fabric)
+    rest = fabric.load(path, {"model": model, "optimizer": optimizer})
+    assert rest["global_step"] == half, rest.keys()
+    losses += fabric_train(fabric, model, optimizer, half, steps - half)
+    save_result(fabric, out, f"{first}-to-{second}", losses, full_state(fabric, model))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("out", type=Path)
+    parser.add_argument("--steps", type=int, default=8)
+    parser.add_argument("--strategies", nargs="+", default=["ddp"])
+    parser.add_argument("--resume", nargs="*", default=[])
+    parser.add_argument("--restage", nargs="*", default=[])
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    for strategy in args.strategies:
+        fabric_run(args.out, strategy, args.steps)
+    for strategy in args.resume:
+        fabric_to_trainer(args.out, strategy, args.steps)
+        trainer_to_fabric(args.out, strategy, args.steps)
+    for spec in args.restage:
+        restage(args.out, spec, args.steps)
+    end_process_group()
+
+
+if __name__ == "__main__":
+    main()
