@@ -256,12 +256,8 @@ def _overhead(
     each keep process-wide state of their own)."""
     from benchmarks.bench.runner import measure_fit, run_trial
     from lightning_zero.presets import get_preset
-    from lightning_zero.strategies.deepspeed_config import (
-        DeepSpeedZeroConfig,
-        TrainerValues,
-        resolve_auto,
-        to_deepspeed_config,
-    )
+    from lightning_zero.strategies.deepspeed_config import DeepSpeedZeroConfig, TrainerValues
+    from lightning_zero.strategies.deepspeed_settings import DeepSpeedSettings
 
     name, lengths, batch, repeats = args.overhead.split(":")
     overhead_settings = dataclasses.replace(settings, steps=args.overhead_steps, min_steps=args.overhead_steps)
@@ -270,9 +266,10 @@ def _overhead(
         if overhead_row(name, ours, theirs) in done and not args.redo:
             continue
         fields = {**get_preset(ours.strategy).fields, **ours.zero}
-        config = resolve_auto(
-            to_deepspeed_config(DeepSpeedZeroConfig.from_dict(fields)),
-            TrainerValues(micro_batch_size=int(batch), precision=settings.precision),
+        config = (
+            DeepSpeedSettings.from_zero(DeepSpeedZeroConfig.from_dict(fields))
+            .with_trainer(TrainerValues(micro_batch_size=int(batch), precision=settings.precision))
+            .deepspeed_dict()
         )
         order = [(ours.label, theirs.label), (theirs.label, ours.label)]
         labels = [label for i in range(int(repeats)) for label in order[i % 2]]
