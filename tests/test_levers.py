@@ -85,6 +85,43 @@ def test_the_step_in_backward_is_exact_adamw_and_no_gradient_outlives_backward()
     assert not torch.equal(_weights(plain), _weights(Regressor()))
 
 
+def _resumed(make: Any, directory: Any) -> torch.Tensor:
+    """Weights after 3 steps, a saved checkpoint, and a resumed fit to ``STEPS`` (fresh strategy each time)."""
+    trainer = pl.Trainer(
+        accelerator="cpu",
+        strategy=make(),
+        max_steps=3,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
+    trainer.fit(Regressor(), _loader())
+    trainer.save_checkpoint(directory / "half.ckpt")
+    resumed = Regressor()
+    pl.Trainer(
+        accelerator="cpu",
+        strategy=make(),
+        max_steps=STEPS,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    ).fit(resumed, _loader(), ckpt_path=directory / "half.ckpt")
+    return _weights(resumed)
+
+
+def test_a_resumed_step_in_backward_continues_as_plain_adamw_resumes(tmp_path: Any) -> None:
+    """The replaced optimizer's state (each inner optimizer's, and the module optimizer's groups and scheduler) goes
+    into the checkpoint and back: resumed at step 3, the weights at step 6 equal plain AdamW's resumed the same way
+    (a lost Adam state or learning rate would not)."""
+    (tmp_path / "plain").mkdir()
+    (tmp_path / "ours").mkdir()
+    plain = _resumed(lambda: SingleDeviceStrategy(device="cpu"), tmp_path / "plain")
+    ours = _resumed(lambda: OneCardStrategy({"optimizer_in_backward": True}, device="cpu"), tmp_path / "ours")
+    torch.testing.assert_close(ours, plain, rtol=0, atol=1e-6)
+
+
 def test_the_preset_builds_the_one_card_strategy() -> None:
     strategy = build_preset("onecard_step_in_backward")
     assert isinstance(strategy, OneCardStrategy) and strategy.zero.optimizer_in_backward

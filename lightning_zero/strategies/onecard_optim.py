@@ -103,7 +103,10 @@ class ReplacedOptimizer(torch.optim.Optimizer):
                 "This optimizer state was saved with another one-card optimizer layout: resume with the same"
                 " `optimizer_in_backward`, `low_memory_optimizer` and `offload_optimizer`."
             )
-        self.source.load_state_dict(state_dict["source"])
+        # Into the shared groups in place: the module optimizer's own load_state_dict would put new group dicts in
+        # its place, which its scheduler would then move while the inner optimizers read the old ones.
+        for group, saved in zip(self.source.param_groups, state_dict["source"]["param_groups"], strict=True):
+            group.update({key: value for key, value in saved.items() if key != "params"})
         for (inner, _), saved in zip(self.inners, state_dict["inner"], strict=True):
             inner.load_state_dict(saved)
 
