@@ -64,6 +64,24 @@ PRESETS: tuple[Preset, ...] = (
         "PyTorch FSDP2 ZeRO-3, parameters, gradients and optimizer step on CPU",
         {"stage": 3, "offload_optimizer": _CPU, "offload_parameters": _CPU},
     ),
+    Preset(
+        "onecard_step_in_backward",
+        "onecard",
+        "One device, no sharding: each parameter's AdamW step runs in backward as its gradient completes (exact)",
+        {"optimizer_in_backward": True},
+    ),
+    Preset(
+        "onecard_offload",
+        "onecard",
+        "One device, no sharding: torchao's CPUOffloadOptimizer, AdamW on the host overlapped with backward (exact)",
+        {"offload_optimizer": _CPU},
+    ),
+    Preset(
+        "onecard_adamw8bit",
+        "onecard",
+        "One device, no sharding: torchao's 8-bit AdamW stepped in backward (approximate: opts in by its name)",
+        {"optimizer_in_backward": True, "low_memory_optimizer": "adamw8bit", "approximate": True},
+    ),
     Preset("zero_auto", "auto", "DeepSpeed ZeRO chosen by measurement for the memory budget (memory_budget_gib)", {}),
 )
 

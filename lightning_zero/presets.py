@@ -45,6 +45,10 @@ def backend_class(backend: str) -> type:
         from lightning_zero.auto.strategy import ZeroAutoStrategy
 
         return ZeroAutoStrategy
+    if backend == "onecard":
+        from lightning_zero.strategies.onecard import OneCardStrategy
+
+        return OneCardStrategy
     if backend == "fsdp2":
         from lightning_zero.strategies.fsdp2 import FSDP2Strategy
 

@@ -1,0 +1,258 @@
+"""The one-card campaign: Llama-3.2-3B or Llama-3.1-8B's shape (random init, 2048-token samples, global batch 16) in a
+user's own LightningModule, our one-card levers against Accelerate's DeepSpeed offload, one process per row, each
+capped at 24 GiB of GPU memory; each row appended to a JSONL as it finishes (a cut call keeps its rows).
+
+    python benchmarks/onecard_llama.py --model llama-3.2-3b --rows ROW,ROW --out rows.jsonl --steps 20
+
+Rows (``ROWS``): ``onecard_*`` are our presets through Lightning with our chunked loss (``causal_lm_nll``);
+``accelerate_*`` are Accelerate's ``DeepSpeedPlugin`` (stage, offload devices, nothing else) with Hugging Face
+gradient checkpointing, its plain loop, the model's own loss.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from typing import Any
+
+import psutil
+import torch
+
+GIB = 2**30
+SEQ = 2048
+GLOBAL_BATCH = 16
+CAP_GIB = 24.0
+#: bf16 dense matrix throughput measured on one H100 here (FIELD_NOTES), the MFU's denominator.
+PEAK_FLOPS = 790e12
+#: The campaign's device; CPU only for a smoke run of a tiny shape (``--model tiny-llama``).
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+#: label -> how the row runs: preset and overrides, Trainer precision, micro-batch (the rest is accumulation). The
+#: step in backward and CPUOffloadOptimizer's freed gradients allow no accumulation, so ours run at 16 x 1.
+ROWS: dict[str, dict[str, Any]] = {
+    "onecard_adamw8bit+ac+offload_act@16": {
+        "preset": "onecard_adamw8bit",
+        "zero": {"activation_checkpointing": True, "activation_offload": True},
+        "precision": "bf16-true",
+        "micro": 16,
+    },
+    "onecard_offload+ac+offload_act@16": {
+        "preset": "onecard_offload",
+        "zero": {"activation_checkpointing": True, "activation_offload": True},
+        "precision": "bf16-mixed",
+        "micro": 16,
+    },
+    "onecard_offload_bf16+ac+offload_act@16": {
+        "preset": "onecard_offload",
+        "zero": {"activation_checkpointing": True, "activation_offload": True},
+        "precision": "bf16-true",
+        "micro": 16,
+    },
+    "accelerate_ds2_offload+hf_gc@4x4": {"accelerate": 2, "precision": "bf16-mixed", "micro": 4},
+    "accelerate_ds2_offload+hf_gc@8x2": {"accelerate": 2, "precision": "bf16-mixed", "micro": 8},
+    "accelerate_ds3_offload+hf_gc@8x2": {"accelerate": 3, "precision": "bf16-mixed", "micro": 8},
+}
+
+
+def build_model(shape: str, dtype: torch.dtype, device: str) -> Any:
+    from transformers import AutoModelForCausalLM
+
+    from lightning_zero.app.models.shapes import shape_config
+
+    config = shape_config(shape)
+    config.use_cache = False
+    with torch.device(device):
+        return AutoModelForCausalLM.from_config(config, dtype=dtype)
+
+
+def samples(vocab: int, count: int, micro: int) -> Any:
+    """A loader of ``count`` random 2048-token samples in micro-batches of ``micro``."""
+    generator = torch.Generator().manual_seed(0)
+    return torch.utils.data.DataLoader(torch.randint(0, vocab, (count, SEQ), generator=generator), batch_size=micro)
+
+
+class Timer:
+    """Seconds of each optimizer step (after a CUDA synchronize), the first ``warmup`` left out."""
+
+    def __init__(self, warmup: int) -> None:
+        self.warmup = warmup
+        self.marks: list[float] = []
+
+    def mark(self) -> None:
+        if DEVICE == "cuda":
+            torch.cuda.synchronize()
+        self.marks.append(time.perf_counter())
+        if len(self.marks) == self.warmup + 1 and DEVICE == "cuda":
+            torch.cuda.reset_peak_memory_stats()
+
+    def result(self, parameters: int) -> dict[str, Any]:
+        timed = self.marks[self.warmup :]
+        steps = len(timed) - 1
+        seconds = (timed[-1] - timed[0]) / steps
+        tokens = GLOBAL_BATCH * SEQ / seconds
+        return {
+            "timed_steps": steps,
+            "step_s": round(seconds, 3),
+            "samples_per_s": round(GLOBAL_BATCH / seconds, 3),
+            "tokens_per_s": round(tokens),
+            "mfu": round(6 * parameters * tokens / PEAK_FLOPS, 4),
+            "peak_gpu_gib": round(torch.cuda.max_memory_allocated() / GIB, 2) if DEVICE == "cuda" else None,
+        }
+
+
+def run_lightning(shape: str, row: dict[str, Any], steps: int, warmup: int) -> dict[str, Any]:
+    import lightning.pytorch as pl
+
+    from lightning_zero.app.tasks.losses import causal_lm_nll
+    from lightning_zero.preset_table import get_preset
+    from lightning_zero.strategies.onecard import OneCardStrategy
+
+    dtype = torch.bfloat16 if row["precision"] == "bf16-true" else torch.float32
+    model = build_model(shape, dtype, DEVICE)
+    parameters = sum(p.numel() for p in model.parameters())
+    timer = Timer(warmup)
+
+    class UserModule(pl.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.model = model
+
+        def training_step(self, batch: torch.Tensor, _: int) -> torch.Tensor:
+            nll, count = causal_lm_nll(self.model, batch, None, batch, 2048)
+            return nll / count
+
+        def configure_optimizers(self) -> Any:
+            return torch.optim.AdamW(self.parameters(), lr=1e-5, weight_decay=0.0)
+
+    accumulate = GLOBAL_BATCH // row["micro"]
+
+    class StepTimes(pl.Callback):
+        def on_train_batch_end(self, trainer: pl.Trainer, module: Any, outputs: Any, batch: Any, index: int) -> None:
+            if (index + 1) % accumulate == 0:  # the micro-batch that ended with the optimizer step
+                timer.mark()
+
+    fields = {"memory_budget_gib": CAP_GIB, **row["zero"]}
+    strategy = OneCardStrategy({**get_preset(row["preset"]).fields, **fields}, device=DEVICE)
+    started = time.perf_counter()
+    trainer = pl.Trainer(
+        accelerator=DEVICE,
+        devices=1,
+        strategy=strategy,
+        precision=row["precision"],
+        max_steps=warmup + steps + 1,
+        accumulate_grad_batches=accumulate,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=[StepTimes()],
+    )
+    loader = samples(model.config.vocab_size, (warmup + steps + 1) * GLOBAL_BATCH, row["micro"])
+    trainer.fit(UserModule(), loader)
+    return {**timer.result(parameters), "setup_and_run_s": round(time.perf_counter() - started, 1)}
+
+
+def run_accelerate(shape: str, row: dict[str, Any], steps: int, warmup: int) -> dict[str, Any]:
+    from accelerate import Accelerator, DeepSpeedPlugin
+
+    for key, value in {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1"}.items():
+        os.environ.setdefault(key, value)
+    os.environ.setdefault("MASTER_PORT", "29533")
+    accumulate = GLOBAL_BATCH // row["micro"]
+    stage = row["accelerate"]
+    plugin = DeepSpeedPlugin(
+        zero_stage=stage,
+        offload_optimizer_device="cpu",
+        offload_param_device="cpu" if stage == 3 else "none",
+        gradient_accumulation_steps=accumulate,
+    )
+    started = time.perf_counter()
+    accelerator = Accelerator(mixed_precision="bf16", deepspeed_plugin=plugin)
+    model = build_model(shape, torch.float32, "cpu")
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    parameters = sum(p.numel() for p in model.parameters())
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5, weight_decay=0.0)
+    loader = samples(model.config.vocab_size, (warmup + steps + 1) * GLOBAL_BATCH, row["micro"])
+    model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
+    timer = Timer(warmup)
+    for index, ids in enumerate(loader):
+        with accelerator.accumulate(model):
+            loss = model(input_ids=ids, labels=ids).loss
+            accelerator.backward(loss)
+            optimizer.step()
+            optimizer.zero_grad()
+        if (index + 1) % accumulate == 0:
+            timer.mark()
+    return {**timer.result(parameters), "setup_and_run_s": round(time.perf_counter() - started, 1)}
+
+
+def run_row(shape: str, label: str, steps: int, warmup: int) -> None:
+    """One row in this process: print its record as the last line."""
+    if DEVICE == "cuda":
+        total = torch.cuda.get_device_properties(0).total_memory
+        torch.cuda.set_per_process_memory_fraction(CAP_GIB * GIB / total, 0)
+    row = ROWS[label]
+    runner = run_accelerate if "accelerate" in row else run_lightning
+    record = runner(shape, row, steps, warmup)
+    print("ROW " + json.dumps({"model": shape, "row": label, **row, **record}), flush=True)
+
+
+def _sample_host(stop: threading.Event, peak: list[float]) -> None:
+    base = psutil.virtual_memory().used
+    while not stop.wait(1.0):
+        peak[0] = max(peak[0], (psutil.virtual_memory().used - base) / GIB)
+
+
+def campaign(shape: str, labels: list[str], out: str, steps: int, warmup: int, timeout: int) -> None:
+    """Each row in its own process, its record (or its failure) appended to ``out`` as it finishes."""
+    for label in labels:
+        stop, peak = threading.Event(), [0.0]
+        sampler = threading.Thread(target=_sample_host, args=(stop, peak), daemon=True)
+        sampler.start()
+        command = [sys.executable, __file__, "--model", shape, "--one", label, "--steps", str(steps)]
+        command += ["--warmup", str(warmup)]
+        started = time.perf_counter()
+        try:
+            done = subprocess.run(command, capture_output=True, text=True, timeout=timeout)
+            lines = [line for line in done.stdout.splitlines() if line.startswith("ROW ")]
+            if lines:
+                record = json.loads(lines[-1][4:])
+            else:
+                tail = (done.stderr or done.stdout).strip().splitlines()[-6:]
+                record = {"model": shape, "row": label, "error": " | ".join(tail)[-1500:]}
+        except subprocess.TimeoutExpired:
+            record = {"model": shape, "row": label, "error": f"timed out after {timeout} s"}
+        stop.set()
+        sampler.join()
+        record.update(host_peak_gib=round(peak[0], 1), wall_s=round(time.perf_counter() - started, 1))
+        card = torch.cuda.get_device_name(0) if DEVICE == "cuda" else "CPU smoke run"
+        record["gpu"] = f"{card}, each process capped at {CAP_GIB:g} GiB"
+        with open(out, "a") as file:
+            file.write(json.dumps(record) + "\n")
+        print(json.dumps(record), flush=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="llama-3.2-3b")
+    parser.add_argument("--rows", default=",".join(ROWS))
+    parser.add_argument("--one", default=None, help="run this one row in this process")
+    parser.add_argument("--out", default="onecard.jsonl")
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--timeout", type=int, default=240, help="seconds a row may take")
+    args = parser.parse_args()
+    if args.one:
+        run_row(args.model, args.one, args.steps, args.warmup)
+    else:
+        campaign(args.model, args.rows.split(","), args.out, args.steps, args.warmup, args.timeout)
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    main()

@@ -1,0 +1,112 @@
+"""One accelerator without sharding, and the levers that beat offloading there: the optimizer step in backward,
+low-memory or offloaded optimizer states (torchao, bitsandbytes), activations kept in host memory.
+
+A thin layer over Lightning's ``SingleDeviceStrategy``: the module's own optimizer is replaced once Lightning has
+built it (:func:`~lightning_zero.strategies.onecard_optim.replace_optimizer`), and the forward runs inside
+``torch.autograd.graph.save_on_cpu`` when activations are offloaded.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+import torch
+from lightning.pytorch.strategies import SingleDeviceStrategy
+
+from lightning_zero.errors import ZeroConfigError
+from lightning_zero.memory.budget import cap_device_memory
+from lightning_zero.runtime.blocks import prepare_blocks
+from lightning_zero.strategies.onecard_config import OneCardConfig
+from lightning_zero.strategies.onecard_optim import ReplacedOptimizer, replace_optimizer
+
+if TYPE_CHECKING:
+    import lightning.pytorch as pl
+
+
+def _default_device() -> torch.device:
+    return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+
+
+class OneCardStrategy(SingleDeviceStrategy):
+    """Train on one device with the levers of ``zero`` (a :class:`OneCardConfig` or its fields)."""
+
+    zero_backend = "onecard"
+
+    def __init__(
+        self,
+        zero: OneCardConfig | Mapping[str, Any] | None = None,
+        device: str | torch.device | None = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(device=torch.device(device) if device is not None else _default_device(), **kwargs)
+        self.zero = OneCardConfig.coerce(zero)
+
+    @property
+    def replaces_optimizer(self) -> bool:
+        """Whether a lever replaces the module's optimizer."""
+        config = self.zero
+        return (
+            config.optimizer_in_backward or config.low_memory_optimizer != "none" or config.offload_optimizer == "cpu"
+        )
+
+    def setup(self, trainer: pl.Trainer) -> None:
+        assert self.model is not None
+        if self.zero.memory_budget_gib is not None:
+            cap_device_memory(self.root_device, self.zero.memory_budget_gib)
+        prepare_blocks(self.model, self.zero.activation_checkpointing, self.zero.compile_blocks)
+        super().setup(trainer)
+
+    def setup_optimizers(self, trainer: pl.Trainer) -> None:
+        super().setup_optimizers(trainer)
+        if not self.replaces_optimizer:
+            return
+        check_trainer_for_levers(self.zero, trainer, len(self.optimizers))
+        offload_gradients = trainer.accumulate_grad_batches == 1
+        self.optimizers = [replace_optimizer(self.optimizers[0], self.zero, offload_gradients)]
+
+    def training_step(self, *args: Any, **kwargs: Any) -> Any:
+        if not self.zero.activation_offload:
+            return super().training_step(*args, **kwargs)
+        with torch.autograd.graph.save_on_cpu(pin_memory=self.root_device.type == "cuda"):
+            return super().training_step(*args, **kwargs)
+
+    def teardown(self) -> None:
+        for optimizer in self.optimizers:
+            if isinstance(optimizer, ReplacedOptimizer):
+                optimizer.remove_hooks()
+        if self.zero.memory_budget_gib is not None and self.root_device.type == "cuda":
+            torch.cuda.set_per_process_memory_fraction(1.0, self.root_device)  # the cap is process-wide
+        super().teardown()
+
+
+def check_trainer_for_levers(config: OneCardConfig, trainer: pl.Trainer, optimizers: int) -> None:
+    """Raise one line when the Trainer asks for what the chosen levers cannot give."""
+    if optimizers != 1:
+        raise ZeroConfigError(
+            f"The one-card optimizer levers replace one optimizer, got {optimizers}: return one from"
+            " configure_optimizers."
+        )
+    clipping = bool(trainer.gradient_clip_val)
+    accumulating = trainer.accumulate_grad_batches > 1
+    if config.optimizer_in_backward:
+        if clipping:
+            raise ZeroConfigError(
+                "`optimizer_in_backward` steps each parameter before the others' gradients exist, so their norm"
+                " cannot be clipped: unset `gradient_clip_val` or set `optimizer_in_backward: false`."
+            )
+        if accumulating:
+            raise ZeroConfigError(
+                "`optimizer_in_backward` frees each gradient as soon as it steps, so none can accumulate: set"
+                " `accumulate_grad_batches: 1` (a larger micro-batch) or `optimizer_in_backward: false`."
+            )
+        if not trainer.lightning_module.automatic_optimization:
+            raise ZeroConfigError(
+                "`optimizer_in_backward` steps inside backward, which manual optimization calls itself: set"
+                " `optimizer_in_backward: false`."
+            )
+    if config.offload_optimizer == "cpu" and clipping:
+        raise ZeroConfigError(
+            "`offload_optimizer: cpu` copies each gradient to the host as it completes, before any clipping could"
+            " touch it: unset `gradient_clip_val`, or use `zero2_offload`."
+        )
