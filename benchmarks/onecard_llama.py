@@ -55,6 +55,8 @@ ROWS: dict[str, dict[str, Any]] = {
     },
     "accelerate_ds2_offload+hf_gc@4x4": {"accelerate": 2, "precision": "bf16-mixed", "micro": 4},
     "accelerate_ds2_offload+hf_gc@8x2": {"accelerate": 2, "precision": "bf16-mixed", "micro": 8},
+    "accelerate_ds2_offload+hf_gc@2x8": {"accelerate": 2, "precision": "bf16-mixed", "micro": 2},
+    "accelerate_ds3_offload+hf_gc@4x4": {"accelerate": 3, "precision": "bf16-mixed", "micro": 4},
     "accelerate_ds3_offload+hf_gc@8x2": {"accelerate": 3, "precision": "bf16-mixed", "micro": 8},
 }
 

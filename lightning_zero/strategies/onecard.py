@@ -24,8 +24,12 @@ if TYPE_CHECKING:
     import lightning.pytorch as pl
 
 
-def _default_device() -> torch.device:
-    return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+def _device(device: str | torch.device | None) -> torch.device:
+    """The device asked for, the current CUDA device for ``"cuda"`` without an index (CUDA's memory calls need one)."""
+    if device is None:
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    chosen = torch.device(device)
+    return torch.device("cuda", torch.cuda.current_device()) if chosen == torch.device("cuda") else chosen
 
 
 class OneCardStrategy(SingleDeviceStrategy):
@@ -39,7 +43,7 @@ class OneCardStrategy(SingleDeviceStrategy):
         device: str | torch.device | None = None,
         **kwargs: Any,
     ) -> None:
-        super().__init__(device=torch.device(device) if device is not None else _default_device(), **kwargs)
+        super().__init__(device=_device(device), **kwargs)
         self.zero = OneCardConfig.coerce(zero)
 
     @property
