@@ -3,7 +3,7 @@ VENV ?= .venv
 PYTHON := $(VENV)/bin/python
 INSTALLED := $(VENV)/.installed
 
-.PHONY: quickstart test lint
+.PHONY: quickstart test test-fast lint
 
 $(INSTALLED): pyproject.toml constraints.txt scripts/install.sh
 	@echo "Installing lightning-zero and its dependencies into $(VENV) first (one time, about 5-15 minutes; it has not hung)..."
@@ -17,6 +17,10 @@ test: $(INSTALLED)
 	$(VENV)/bin/ruff check lightning_zero tests examples benchmarks main.py
 	$(VENV)/bin/mypy
 	$(PYTHON) -m pytest
+
+# The development lane: the tests that start no process and take no more than a few seconds.
+test-fast: $(INSTALLED)
+	$(PYTHON) -m pytest -m "not multiprocess and not slow"
 
 lint: $(INSTALLED)
 	$(VENV)/bin/ruff check lightning_zero tests examples benchmarks main.py

@@ -1,5 +1,7 @@
 import os
+import subprocess
 import sys
+import types
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -41,3 +43,46 @@ def fresh_rendezvous() -> Iterator[None]:
             os.environ.pop(name, None)
         else:
             os.environ[name] = value
+
+
+_REPO = Path(__file__).resolve().parents[1]
+
+
+def _started_a_python(event: str, args: tuple[object, ...]) -> None:
+    if event == "subprocess.Popen" and args[0] == sys.executable and _started_by_this_repository():
+        _PYTHONS_STARTED.append(str(args[1]))
+
+
+def _started_by_this_repository() -> bool:
+    """Whether the code that called into ``subprocess`` is this repository's (a test, a helper, the package or a
+    benchmark), not a library's own probe (an upstream import runs ``python -c`` to read ``sys.path``)."""
+    frame: types.FrameType | None = sys._getframe(2)
+    while frame is not None and frame.f_code.co_filename == subprocess.__file__:
+        frame = frame.f_back
+    caller = Path(frame.f_code.co_filename) if frame is not None else None
+    return caller is not None and caller.is_relative_to(_REPO) and ".venv" not in caller.parts
+
+
+#: Python processes started by the test being set up or run (an audit hook sees every ``subprocess.Popen``, so a
+#: launch through ``run_script``, ``subprocess.run`` or a harness is seen alike; audit hooks cannot be removed).
+_PYTHONS_STARTED: list[str] = []
+sys.addaudithook(_started_a_python)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_setup(item: pytest.Item) -> Iterator[None]:
+    yield from _check_marked(item)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
+    yield from _check_marked(item)
+
+
+def _check_marked(item: pytest.Item) -> Iterator[None]:
+    """Fail a test that starts a Python process (itself or through a fixture) without the ``multiprocess`` marker,
+    so ``make test-fast`` (``-m "not multiprocess and not slow"``) stays free of launches."""
+    _PYTHONS_STARTED.clear()
+    yield
+    if _PYTHONS_STARTED and item.get_closest_marker("multiprocess") is None:
+        pytest.fail(f"{item.nodeid} started {_PYTHONS_STARTED[0]!r}: mark it @pytest.mark.multiprocess", pytrace=False)

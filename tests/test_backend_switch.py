@@ -58,6 +58,7 @@ def test_the_config_is_shared() -> None:
         assert config_class.from_dict(zero).stage == 2
 
 
+@pytest.mark.multiprocess
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_each_backend_follows_the_same_loss_curve(runs: Path, backend: str) -> None:
     reference, result = load(runs, "train:ddp"), load(runs, f"switch:{backend}")
@@ -69,6 +70,7 @@ def test_each_backend_follows_the_same_loss_curve(runs: Path, backend: str) -> N
         torch.testing.assert_close(result["state_dict"][key], value, atol=TOLERANCE, rtol=0)
 
 
+@pytest.mark.multiprocess
 def test_backends_shard_what_their_stage_says(runs: Path) -> None:
     ddp = load(runs, "train:ddp")["footprints"][0]
     fairscale = load(runs, "switch:lightning_zero.strategies.fairscale.FairScaleStrategy")["footprints"]

@@ -324,6 +324,7 @@ def error_line_of_a_real_process(argv: list[str]) -> str:
     return errors[0]
 
 
+@pytest.mark.multiprocess
 @pytest.mark.parametrize("case", ["fp16-deepspeed-cpu", "deepspeed-clip-by-value", "deepspeed-config-unknown-section"])
 def test_a_real_process_ends_at_once_without_a_traceback(case: str, tmp_path: Path) -> None:
     argv, fragments = cases(tmp_path)[case]
@@ -355,6 +356,7 @@ def test_a_trainer_built_in_python_is_checked_before_the_ranks_start(
     assert fragment in str(caught.value)
 
 
+@pytest.mark.multiprocess
 def test_a_file_in_another_encoding_ends_a_two_process_run_at_once_without_a_traceback(tmp_path: Path) -> None:
     latin1 = tmp_path / "latin1.csv"
     latin1.write_bytes("text,label\nun café,1\nmauvais,0\n".encode("latin-1"))
@@ -468,6 +470,7 @@ def test_an_input_of_the_wrong_kind_is_one_line_ending_in_its_fix(
     assert what in line and line.endswith(fix), line
 
 
+@pytest.mark.multiprocess
 @pytest.mark.parametrize("case", ["chat-classifier-checkpoint", "plan-empty-config", "fit-deepspeed-config"])
 def test_a_real_process_given_the_wrong_kind_of_file_ends_in_one_line(case: str, tmp_path: Path) -> None:
     argv, what, fix = wrong_kind_cases(tmp_path)[case]

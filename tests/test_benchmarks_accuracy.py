@@ -66,6 +66,7 @@ def test_a_failing_run_is_recorded_with_its_reason_and_retried_on_resume(tmp_pat
     assert json.loads((tmp_path / "accuracy.jsonl").read_text().splitlines()[0])["seed"] == 1
 
 
+@pytest.mark.multiprocess
 def test_a_run_ended_early_ends_the_fine_tunes_it_started(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     started: list[subprocess.Popen[bytes]] = []
 

@@ -245,6 +245,7 @@ for experiment in EXPERIMENTS:
 """
 
 
+@pytest.mark.multiprocess
 def test_the_bench_module_imports_its_modeling_module_before_zero3_builds_the_model() -> None:
     # Under ZeRO-3, DeBERTa-v2's module (transformers 5.17) fails to import inside zero.Init (the GPU's pair did).
     result = subprocess.run([sys.executable, "-c", _BENCH_SETUP_IMPORTS], capture_output=True, text=True, timeout=120)
@@ -276,12 +277,14 @@ assert not is_deepspeed_zero3_enabled()
 """
 
 
+@pytest.mark.multiprocess
 def test_under_lightnings_zero3_the_bench_module_builds_a_model_with_a_padding_row() -> None:
     # Built in Lightning's zero.Init without transformers knowing, DeBERTa-v2 fails to initialise its padding row.
     result = subprocess.run([sys.executable, "-c", _LIGHTNING_ZERO3_BUILD], capture_output=True, text=True, timeout=180)
     assert result.returncode == 0, result.stderr[-2000:]
 
 
+@pytest.mark.multiprocess
 @pytest.mark.timeout(120)
 def test_a_run_ended_by_sigterm_ends_its_trial_processes(tmp_path: Path) -> None:
     args = ["run", "--out", str(tmp_path), "--experiments", "tiny-gpt2", "--strategies", "single", *COMMON]
@@ -296,6 +299,7 @@ def test_a_run_ended_by_sigterm_ends_its_trial_processes(tmp_path: Path) -> None
     assert alive == [], "a trial outlived the run"
 
 
+@pytest.mark.multiprocess
 def test_a_build_is_waited_for_and_ended_when_it_outlasts_its_limit() -> None:
     def sleeper(seconds: float) -> subprocess.Popen:
         code = f"import time; time.sleep({seconds})"

@@ -262,6 +262,7 @@ def run_worker(args: list[str], timeout: float = WORKER_TIMEOUT_S) -> str:
     return run_script(Path(__file__), *args, timeout=timeout)
 
 
+@pytest.mark.multiprocess
 def test_perplexity_and_bleu_identical_under_ddp_and_zero(tmp_path: Path) -> None:
     out = tmp_path / "metrics.json"
     runs = ["ddp@bf16-mixed", "zero2@bf16-mixed", "zero3@bf16-mixed", "ddp@bf16-true", "zero3@bf16-true"]

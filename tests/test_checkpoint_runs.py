@@ -89,6 +89,7 @@ def max_difference(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> fl
     return max((a[key] - b[key]).abs().max().item() for key in a)
 
 
+@pytest.mark.multiprocess
 @pytest.mark.parametrize("name", STRATEGIES)
 def test_resume_from_mid_epoch_step_checkpoint_is_exact(resumed: Path, name: str) -> None:
     result = torch.load(resumed / f"resume-{name}.pt", weights_only=False)
@@ -179,6 +180,7 @@ def launch_and_kill_rank_1_in_a_save(out: Path) -> None:
         log.close()
 
 
+@pytest.mark.multiprocess
 def test_kill_9_during_a_save_keeps_last_loadable_and_the_restart_reaches_the_same_weights(
     resumed: Path, tmp_path: Path
 ) -> None:
@@ -202,6 +204,7 @@ def test_kill_9_during_a_save_keeps_last_loadable_and_the_restart_reaches_the_sa
     assert max_difference(restarted["state_dict"], uninterrupted["state_dict"]) == 0.0
 
 
+@pytest.mark.multiprocess
 @pytest.mark.parametrize("name", STRATEGIES)
 def test_consolidate_gives_the_trained_weights(resumed: Path, tmp_path: Path, name: str) -> None:
     # last.ckpt was saved at the end of the resumed run, whose weights are the uninterrupted run's.
@@ -213,6 +216,7 @@ def test_consolidate_gives_the_trained_weights(resumed: Path, tmp_path: Path, na
     assert max_difference(written, expected) == 0.0
 
 
+@pytest.mark.multiprocess
 def test_consolidate_command_writes_a_weights_only_torch_file_in_bf16(resumed: Path, tmp_path: Path) -> None:
     out = tmp_path / "model.pt"
     assert main(["consolidate", str(resumed / "ckpt-zero3" / "last.ckpt"), str(out), "--dtype", "bf16"]) == 0
@@ -239,6 +243,7 @@ EXPORTED = [name for name in STRATEGIES if name != "ddp"]
 LOGITS_TOLERANCE = 1e-4
 
 
+@pytest.mark.multiprocess
 def test_hf_dir_loads_with_from_pretrained_in_a_fresh_interpreter_with_the_same_logits(
     resumed: Path, tmp_path: Path
 ) -> None:
@@ -260,6 +265,7 @@ def test_hf_dir_loads_with_from_pretrained_in_a_fresh_interpreter_with_the_same_
         torch.testing.assert_close(torch.load(export / "logits.pt"), expected, atol=LOGITS_TOLERANCE, rtol=0)
 
 
+@pytest.mark.multiprocess
 def test_save_top_k_prunes_sharded_directories(resumed: Path) -> None:
     assert sorted(path.name for path in (resumed / "ckpt-prune-zero3").iterdir()) == ["epoch=0-step=6.ckpt"]
 
@@ -284,6 +290,7 @@ def cross_result(directory: Path, kind: str, pair: str) -> tuple[dict[str, Any],
 CROSS_TOLERANCE = {"loss": 1e-5, "weight": 1e-3}
 
 
+@pytest.mark.multiprocess
 @pytest.mark.parametrize("pair", CROSS)
 def test_resume_at_another_world_size_and_stage_carries_the_optimizer_state(crossed: Path, pair: str) -> None:
     result, reference = cross_result(crossed, "cross", pair)
@@ -292,11 +299,13 @@ def test_resume_at_another_world_size_and_stage_carries_the_optimizer_state(cros
     assert max_difference(result["state_dict"], reference["state_dict"]) <= CROSS_TOLERANCE["weight"]
 
 
+@pytest.mark.multiprocess
 def test_pairs_that_carry_the_optimizer_state_do_not_warn(crossed: Path) -> None:
     assert (crossed / "crossed.log").read_text().count("without its optimizer state") == len(WEIGHTS_ONLY_CROSS)
     assert not [line for pair in CROSS for line in weights_only_warnings(crossed, pair)]
 
 
+@pytest.mark.multiprocess
 def test_the_cross_resume_check_fails_when_optimizer_state_is_dropped(crossed: Path) -> None:
     result, reference = cross_result(crossed, "cross-fresh-optimizer", CROSS[1])
     assert max_difference(result["state_dict"], reference["state_dict"]) > 10 * CROSS_TOLERANCE["weight"]
@@ -370,6 +379,7 @@ def grouped_result(directory: Path, pair: str, devices: int) -> tuple[dict[str, 
 REGROUPED_TOLERANCE = 1e-6
 
 
+@pytest.mark.multiprocess
 @pytest.mark.parametrize("pair", SAME_SIZE)
 def test_a_stage_change_resumes_every_parameter_group_exactly(regrouped: Path, pair: str) -> None:
     result, reference = grouped_result(regrouped, pair, 2)
@@ -378,6 +388,7 @@ def test_a_stage_change_resumes_every_parameter_group_exactly(regrouped: Path, p
     assert max_difference(result["state_dict"], reference["state_dict"]) <= REGROUPED_TOLERANCE
 
 
+@pytest.mark.multiprocess
 @pytest.mark.parametrize("pair", RESIZED)
 def test_a_size_change_follows_the_uninterrupted_run(resized: tuple[Path, dict[str, int]], pair: str) -> None:
     result, reference = grouped_result(resized[0], pair, 1)
@@ -386,6 +397,7 @@ def test_a_size_change_follows_the_uninterrupted_run(resized: tuple[Path, dict[s
     assert max_difference(result["state_dict"], reference["state_dict"]) <= CROSS_TOLERANCE["weight"]
 
 
+@pytest.mark.multiprocess
 @pytest.mark.parametrize(("pair", "devices"), [*((pair, 2) for pair in SAME_SIZE), *((pair, 1) for pair in RESIZED)])
 def test_the_loaded_optimizer_state_is_the_sources_to_the_bit(
     resized: tuple[Path, dict[str, int]], pair: str, devices: int
@@ -401,6 +413,7 @@ def test_the_loaded_optimizer_state_is_the_sources_to_the_bit(
     assert loaded["steps"] == saved["steps"] == [2 * EVERY]
 
 
+@pytest.mark.multiprocess
 def test_the_universal_conversion_is_made_once_and_reused(resized: tuple[Path, dict[str, int]]) -> None:
     directory, before = resized
     assert {source: universal_of(directory, source).stat().st_ino for source in before} == before
@@ -414,6 +427,7 @@ def test_the_universal_conversion_is_made_once_and_reused(resized: tuple[Path, d
 WEIGHTS_ONLY_TOLERANCE = {"first_loss": 1e-5, "later_losses": 0.05}
 
 
+@pytest.mark.multiprocess
 @pytest.mark.parametrize("pair", WEIGHTS_ONLY_CROSS)
 def test_a_pair_without_an_optimizer_route_resumes_the_saved_weights_and_position_with_one_warning(
     crossed: Path, pair: str
@@ -491,6 +505,7 @@ def test_nvme_offloaded_optimizer_state_is_recognised(tmp_path: Path) -> None:
     assert "NVMe" in NVME_NOT_CARRIED
 
 
+@pytest.mark.multiprocess
 @pytest.mark.parametrize(
     ("strategy", "says"),
     [("zero2_fsdp", "with its optimizer state, through its universal form"), ("ddp", "without its optimizer state")],

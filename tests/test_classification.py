@@ -74,6 +74,7 @@ for name, task in tasks.items():
 """
 
 
+@pytest.mark.multiprocess
 def test_setup_imports_the_modeling_module_that_zero3_would_import_inside_zero_init() -> None:
     # transformers 5.17's DeBERTa-v2 module runs torch.jit.script on import, which fails inside zero.Init.
     result = subprocess.run([sys.executable, "-c", _IMPORTED_IN_SETUP], capture_output=True, text=True, timeout=120)

@@ -87,6 +87,7 @@ def test_every_command_has_its_own_help(name: str, capsys: pytest.CaptureFixture
     assert usage.startswith("usage:") and f" {name} " in f"{usage} ", usage
 
 
+@pytest.mark.multiprocess
 def test_quickstart_runs_a_few_steps(tmp_path: Path) -> None:
     output = run_script(
         MAIN,
@@ -108,6 +109,7 @@ def test_quickstart_runs_a_few_steps(tmp_path: Path) -> None:
     assert "FutureWarning" not in output and "unable to detect" not in output
 
 
+@pytest.mark.multiprocess
 def test_every_cpu_twin_runs_a_few_steps(tmp_path: Path) -> None:
     overrides = [
         "--trainer.max_steps=2",
@@ -125,11 +127,13 @@ def test_every_cpu_twin_runs_a_few_steps(tmp_path: Path) -> None:
     assert output.count("`Trainer.fit` stopped: `max_steps=2` reached.") == len(CPU_TWINS), output[-3000:]
 
 
+@pytest.mark.multiprocess
 def test_example_runs(tmp_path: Path) -> None:
     output = run_script(REPO / "examples" / "zero3_offload_trainer.py", "--max-steps", "3", timeout=600, cwd=tmp_path)
     assert "zero3_offload finished" in output
 
 
+@pytest.mark.multiprocess
 def test_chat_answers_from_a_chatbot_checkpoint_that_fit_saved(tmp_path: Path) -> None:
     """The check that refuses other checkpoints (tests/test_bad_input.py) lets a real chatbot's through."""
     one_step = ["--trainer.devices=1", "--trainer.strategy=auto", "--trainer.max_steps=1", "--trainer.logger=false"]

@@ -17,6 +17,8 @@ import pytest
 
 from tests.helpers.trainer import quiet_trainer
 
+pytestmark = pytest.mark.multiprocess  # every test here starts processes
+
 LR, WEIGHT_DECAY, BETAS, STEPS = 3e-3, 0.05, (0.8, 0.9), 3
 DS_CONFIG: dict[str, Any] = {
     "train_micro_batch_size_per_gpu": "auto",

@@ -62,6 +62,7 @@ def trained(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
+@pytest.mark.multiprocess
 def test_pipeline_on_the_export_gives_the_trained_modules_labels_and_scores(
     trained: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

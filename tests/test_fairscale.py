@@ -82,12 +82,14 @@ def load(runs: SimpleNamespace, run: str) -> dict:
 # --- 2-process runs ---------------------------------------------------------------------------------------------
 
 
+@pytest.mark.multiprocess
 @needs_fairscale
 @pytest.mark.parametrize("name", ["ddp", *PRESETS])
 def test_a_finished_run_lets_its_model_be_freed(runs: SimpleNamespace, name: str) -> None:
     assert load(runs, f"train:{name}")["module_freed"]  # nothing holds it once the Trainer is dropped
 
 
+@pytest.mark.multiprocess
 @needs_fairscale
 @pytest.mark.parametrize("name", PRESETS)
 def test_matches_ddp(runs: SimpleNamespace, name: str) -> None:
@@ -95,6 +97,7 @@ def test_matches_ddp(runs: SimpleNamespace, name: str) -> None:
     assert load(runs, f"train:{name}")["losses"][-1] < load(runs, "train:ddp")["losses"][0] - 0.05, "did not train"
 
 
+@pytest.mark.multiprocess
 @needs_fairscale
 @pytest.mark.parametrize("name", PRESETS)
 def test_matches_ddp_in_bf16(runs: SimpleNamespace, name: str) -> None:
@@ -103,6 +106,7 @@ def test_matches_ddp_in_bf16(runs: SimpleNamespace, name: str) -> None:
     assert bf16["losses"] != load(runs, f"train:{name}")["losses"], "bf16-mixed changed nothing"
 
 
+@pytest.mark.multiprocess
 @needs_fairscale
 @pytest.mark.parametrize("name", PRESETS)
 def test_clips_by_the_norm_over_all_shards(runs: SimpleNamespace, name: str) -> None:
@@ -111,6 +115,7 @@ def test_clips_by_the_norm_over_all_shards(runs: SimpleNamespace, name: str) -> 
     assert abs(clipped["losses"][-1] - load(runs, f"train:{name}")["losses"][-1]) > 1e-3, "clipping did not act"
 
 
+@pytest.mark.multiprocess
 @needs_fairscale
 def test_activation_checkpointing_trains_the_same(runs: SimpleNamespace) -> None:
     assert "Activation checkpointing on 2 transformer blocks." in runs.log
@@ -118,6 +123,7 @@ def test_activation_checkpointing_trains_the_same(runs: SimpleNamespace) -> None
     assert_same_training(result, load(runs, "train:ddp"), EXACT)
 
 
+@pytest.mark.multiprocess
 @needs_fairscale
 def test_compiled_checkpointed_blocks_train_like_ddp(runs: SimpleNamespace) -> None:
     assert "torch.compile on 2 transformer blocks." in runs.log
@@ -127,6 +133,7 @@ def test_compiled_checkpointed_blocks_train_like_ddp(runs: SimpleNamespace) -> N
     assert max_weight_difference(compiled["state_dict"], reference["state_dict"]) > 0
 
 
+@pytest.mark.multiprocess
 @needs_fairscale
 @pytest.mark.parametrize("name", PRESETS)
 def test_optimizer_state_is_sharded(runs: SimpleNamespace, name: str) -> None:
@@ -140,6 +147,7 @@ def test_optimizer_state_is_sharded(runs: SimpleNamespace, name: str) -> None:
         assert state < 0.6 * full_state  # OSS splits by whole tensors: about half each
 
 
+@pytest.mark.multiprocess
 @needs_fairscale
 @pytest.mark.parametrize("name", PRESETS)
 def test_resumed_run_equals_the_uninterrupted_one(runs: SimpleNamespace, name: str) -> None:
@@ -149,6 +157,7 @@ def test_resumed_run_equals_the_uninterrupted_one(runs: SimpleNamespace, name: s
     assert_same_training(resumed, {**result, "losses": result["losses"][STEPS // 2 :]}, EXACT)
 
 
+@pytest.mark.multiprocess
 @needs_fairscale
 @pytest.mark.parametrize("name", PRESETS)
 def test_checkpoint_is_one_file_with_the_whole_optimizer_state(runs: SimpleNamespace, name: str) -> None:
@@ -160,6 +169,7 @@ def test_checkpoint_is_one_file_with_the_whole_optimizer_state(runs: SimpleNames
     assert len(optimizer_state["state"]) == parameters  # both ranks' shards, consolidated on rank 0
 
 
+@pytest.mark.multiprocess
 @needs_fairscale
 @pytest.mark.parametrize("name", PRESETS)
 def test_two_process_checkpoint_resumes_in_one_process(runs: SimpleNamespace, name: str) -> None:
@@ -169,6 +179,7 @@ def test_two_process_checkpoint_resumes_in_one_process(runs: SimpleNamespace, na
     assert_same_training(one_process, {**uninterrupted, "losses": uninterrupted["losses"][STEPS // 2 :]}, REORDERED)
 
 
+@pytest.mark.multiprocess
 @needs_fairscale
 @pytest.mark.parametrize("spec", GAN)
 def test_two_optimizers_with_manual_optimization_match_ddp(runs: SimpleNamespace, spec: str) -> None:
@@ -267,6 +278,7 @@ def test_missing_fairscale_is_one_clear_error(monkeypatch: pytest.MonkeyPatch) -
     assert "pip install 'lightning-zero[fairscale]'" in FAIRSCALE_MISSING
 
 
+@pytest.mark.multiprocess
 def test_package_imports_without_fairscale(tmp_path: Path) -> None:
     script = tmp_path / "no_fairscale.py"
     script.write_text(
@@ -291,6 +303,7 @@ def test_package_imports_without_fairscale(tmp_path: Path) -> None:
 # --- GPUs ---------------------------------------------------------------------------------------------------------
 
 
+@pytest.mark.multiprocess
 @RunIf(min_cuda_gpus=2, fairscale=True)
 def test_nccl_and_fp16_with_sharded_grad_scaler_on_two_gpus(tmp_path: Path) -> None:
     # Measured on 2 H200s: fp32 and 16-mixed (ShardedGradScaler) both bit-identical to DDP.

@@ -31,6 +31,7 @@ def both_ranks(out: Path, name: str) -> tuple[dict[str, Any], dict[str, Any]]:
     return rank0, rank1
 
 
+@pytest.mark.multiprocess
 def test_finds_the_smaller_ranks_limit_under_an_emulated_budget(runs: Path) -> None:
     rank0, rank1 = both_ranks(runs, "budget")  # emulated budgets: 10 samples on rank 0, 6 on rank 1
     assert rank0["micro_batch"] == rank1["micro_batch"] == 6
@@ -38,6 +39,7 @@ def test_finds_the_smaller_ranks_limit_under_an_emulated_budget(runs: Path) -> N
     assert rank0["tried"]["7"] is False and len(rank0["losses"]) == 4  # then it trained at 6
 
 
+@pytest.mark.multiprocess
 @pytest.mark.parametrize("name", ["oom", "oom_ddp"])
 def test_an_out_of_memory_error_on_one_rank_stops_both(runs: Path, name: str) -> None:
     rank0, rank1 = both_ranks(runs, name)  # only rank 1 raises, above 5 samples
@@ -45,6 +47,7 @@ def test_an_out_of_memory_error_on_one_rank_stops_both(runs: Path, name: str) ->
     assert rank0["tried"] == rank1["tried"] and rank0["tried"]["6"] is False
 
 
+@pytest.mark.multiprocess
 @pytest.mark.parametrize("suffix", ["", "_zero3"], ids=["zero2", "zero3"])
 def test_global_batch_is_kept_and_trials_leave_no_trace(runs: Path, suffix: str) -> None:
     rank0, _ = both_ranks(runs, f"global{suffix}")  # 16 over 2 ranks = 8 per rank; 6 fits: 4 x 2 accumulation
@@ -53,6 +56,7 @@ def test_global_batch_is_kept_and_trials_leave_no_trace(runs: Path, suffix: str)
     assert rank0["losses"] == plain["losses"] and len(plain["losses"]) == 8
 
 
+@pytest.mark.multiprocess
 def test_a_strategy_refuses_model_states_over_its_budget_on_every_rank(runs: Path) -> None:
     for rank in both_ranks(runs, "over_budget"):
         assert rank["error"] is not None and rank["error"].startswith("zero1 needs 0.01 MiB per device")

@@ -85,11 +85,13 @@ def later_half(result: dict) -> dict:
 # --- 2-process runs ---------------------------------------------------------------------------------------------
 
 
+@pytest.mark.multiprocess
 @pytest.mark.parametrize("name", ["ddp", *PRESETS])
 def test_a_finished_run_lets_its_model_be_freed(runs: SimpleNamespace, name: str) -> None:
     assert load(runs, f"train:{name}")["module_freed"]  # nothing holds it once the Trainer is dropped
 
 
+@pytest.mark.multiprocess
 @pytest.mark.parametrize(
     ("name", "tolerance"), [("zero2_fsdp", EXACT), ("zero3_fsdp", EXACT), ("zero3_offload_fsdp", REORDERED)]
 )
@@ -99,6 +101,7 @@ def test_matches_ddp(runs: SimpleNamespace, name: str, tolerance: dict[str, floa
     assert result["losses"][-1] < result["losses"][0] - 0.05, "did not train"
 
 
+@pytest.mark.multiprocess
 def test_offload_steps_the_tasks_adamw_with_the_fused_kernel_unless_told(runs: SimpleNamespace) -> None:
     assert load(runs, "train:zero3_offload_fsdp")["fused"] == [True]
     assert "Optimizer offload: running `AdamW` with torch's fused kernel (fused=True)." in runs.log
@@ -108,12 +111,14 @@ def test_offload_steps_the_tasks_adamw_with_the_fused_kernel_unless_told(runs: S
     assert max_weight_difference(load(runs, "train:zero3_offload_fsdp")["state_dict"], unfused["state_dict"]) > 0
 
 
+@pytest.mark.multiprocess
 def test_every_block_and_the_model_are_sharded_without_user_code(runs: SimpleNamespace) -> None:
     # TinyLM has no configure_model: 2 GPT-2 blocks + the GPT2LMHeadModel are sharded by the strategy.
     assert runs.log.count("FSDP2 stage 3: 3 modules sharded.") >= 2
     assert "FSDP2 stage 2: 3 modules sharded." in runs.log
 
 
+@pytest.mark.multiprocess
 @pytest.mark.parametrize("name", PRESETS)
 def test_parameters_and_optimizer_state_are_sharded(runs: SimpleNamespace, name: str) -> None:
     _, ddp_full, ddp_state = load(runs, "train:ddp")["footprints"][0]
@@ -127,11 +132,13 @@ def test_parameters_and_optimizer_state_are_sharded(runs: SimpleNamespace, name:
         assert abs(state - ddp_state / 2) <= 0.05 * ddp_state
 
 
+@pytest.mark.multiprocess
 def test_activation_checkpointing_trains_the_same(runs: SimpleNamespace) -> None:
     assert "Activation checkpointing on 2 transformer blocks." in runs.log
     assert_same_training(load(runs, "train:zero3_fsdp+activation_checkpointing=true"), load(runs, "train:ddp"), EXACT)
 
 
+@pytest.mark.multiprocess
 def test_compiled_blocks_train_like_ddp(runs: SimpleNamespace) -> None:
     assert "torch.compile on 2 transformer blocks." in runs.log
     compiled, reference = load(runs, COMPILED), load(runs, "train:ddp")
@@ -140,6 +147,7 @@ def test_compiled_blocks_train_like_ddp(runs: SimpleNamespace) -> None:
     assert max_weight_difference(compiled["state_dict"], reference["state_dict"]) > 0
 
 
+@pytest.mark.multiprocess
 @pytest.mark.parametrize("name", ["zero2_fsdp", "zero3_offload_fsdp"])
 def test_clips_by_the_norm_over_all_shards(runs: SimpleNamespace, name: str) -> None:
     clipped = load(runs, f"train-clip:{name}")
@@ -147,6 +155,7 @@ def test_clips_by_the_norm_over_all_shards(runs: SimpleNamespace, name: str) -> 
     assert abs(clipped["losses"][-1] - load(runs, f"train:{name}")["losses"][-1]) > 1e-3, "clipping did not act"
 
 
+@pytest.mark.multiprocess
 @pytest.mark.parametrize("name", ["zero3_fsdp", "zero3_offload_fsdp"])
 def test_bf16_mixed_precision_policy(runs: SimpleNamespace, name: str) -> None:
     bf16, fp32 = load(runs, f"train-bf16:{name}")["losses"], load(runs, "train:ddp")["losses"]
@@ -154,6 +163,7 @@ def test_bf16_mixed_precision_policy(runs: SimpleNamespace, name: str) -> None:
     assert bf16 != fp32, "bf16 parameters changed nothing"
 
 
+@pytest.mark.multiprocess
 def test_reduce_in_fp32_is_honoured(runs: SimpleNamespace) -> None:
     fp32_reduce = load(runs, "train-bf16:zero3_fsdp")["losses"]
     bf16_reduce = load(runs, "train-bf16:zero3_fsdp+reduce_in_fp32=false")["losses"]
@@ -161,6 +171,7 @@ def test_reduce_in_fp32_is_honoured(runs: SimpleNamespace) -> None:
     torch.testing.assert_close(torch.tensor(bf16_reduce), torch.tensor(fp32_reduce), atol=BF16_LOSS, rtol=0)
 
 
+@pytest.mark.multiprocess
 @pytest.mark.parametrize("spec", CHECKPOINTED)
 def test_resumed_run_equals_the_uninterrupted_one(runs: SimpleNamespace, spec: str) -> None:
     result = load(runs, f"resume:{spec}")
@@ -168,6 +179,7 @@ def test_resumed_run_equals_the_uninterrupted_one(runs: SimpleNamespace, spec: s
     assert_same_training(result["resumed"], later_half(result), EXACT)
 
 
+@pytest.mark.multiprocess
 def test_checkpoint_formats(runs: SimpleNamespace) -> None:
     sharded = runs.out / f"ckpt-{result_name('zero3_fsdp')}" / f"at-step-{STEPS // 2}.ckpt"
     assert sharded.is_dir() and len(list(sharded.glob("*.distcp"))) == 2  # one shard file per rank
@@ -183,6 +195,7 @@ def test_checkpoint_formats(runs: SimpleNamespace) -> None:
     assert sum(value["exp_avg"].numel() for value in optimizer_state["state"].values()) == 29056  # whole, not a shard
 
 
+@pytest.mark.multiprocess
 @pytest.mark.parametrize("spec", ["zero3_fsdp", FULL])
 def test_two_process_checkpoint_resumes_in_one_process(runs: SimpleNamespace, spec: str) -> None:
     one_process = load(runs, f"load:{spec}")
@@ -272,6 +285,7 @@ def test_parameters_held_by_the_lightning_module_itself_are_refused() -> None:
 # --- GPUs ---------------------------------------------------------------------------------------------------------
 
 
+@pytest.mark.multiprocess
 @RunIf(min_cuda_gpus=2)
 def test_nccl_mixed_precision_offload_and_resume_on_two_gpus(tmp_path: Path) -> None:
     """Measured on 2 H200s: stages 2/3 bit-identical to DDP; with offload the step runs in CPU AdamW instead of

@@ -39,6 +39,7 @@ def _losses(path: Path) -> list[float]:
     return losses
 
 
+@pytest.mark.multiprocess
 @pytest.mark.parametrize(
     "case", [pytest.param(c, marks=RunIf(fairscale=True)) if c.endswith("-fairscale") else c for c in CASES]
 )

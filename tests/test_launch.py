@@ -9,6 +9,8 @@ import pytest
 
 from tests.helpers.launch import run_script
 
+pytestmark = pytest.mark.multiprocess  # every test here starts processes
+
 _SPAWNS_A_GRANDCHILD = """
 import subprocess, sys, time
 grandchild = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])

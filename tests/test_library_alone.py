@@ -52,6 +52,7 @@ def test_the_base_install_has_none_of_the_app_packages() -> None:
     assert APP_PACKAGES <= HIDDEN
 
 
+@pytest.mark.multiprocess
 @pytest.mark.parametrize("strategy", STRATEGIES)
 def test_a_preset_trains_a_plain_module_without_the_app_packages(runs: Path, strategy: str) -> None:
     for result in both_ranks(runs, strategy):
@@ -63,6 +64,7 @@ def test_a_preset_trains_a_plain_module_without_the_app_packages(runs: Path, str
         assert all(after < before for before, after in itertools.pairwise(losses)), losses
 
 
+@pytest.mark.multiprocess
 @pytest.mark.parametrize(
     "argv",
     [
@@ -82,6 +84,7 @@ def test_an_app_command_without_the_app_extra_names_the_install(argv: list[str])
     assert last.startswith("error: ") and "'transformers'" in last and last.endswith(f"`{INSTALL_APP}`."), last
 
 
+@pytest.mark.multiprocess
 def test_help_lists_every_command_without_the_app_extra() -> None:
     result = subprocess.run(
         [sys.executable, str(WITHOUT_APP), "--help"], cwd=REPO, capture_output=True, text=True, timeout=120

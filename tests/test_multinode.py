@@ -17,6 +17,8 @@ import torch
 
 from tests.helpers.launch import REPO, run_script
 
+pytestmark = pytest.mark.multiprocess  # every test here starts processes
+
 SCRIPT = REPO / "tests" / "helpers" / "multinode_run.py"
 STRATEGIES = ["zero2", "zero2_fairscale", "zero3_fsdp"]
 TIMEOUT = 420

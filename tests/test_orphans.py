@@ -50,6 +50,7 @@ def run_until_every_rank_ended(out: Path, strategy: str) -> tuple[int, str]:
     return process.returncode, output
 
 
+@pytest.mark.multiprocess
 @pytest.mark.parametrize("strategy", STRATEGIES)
 def test_when_rank_0_is_killed_the_other_ends_too(strategy: str, tmp_path: Path) -> None:
     status, output = run_until_every_rank_ended(tmp_path, strategy)
@@ -66,6 +67,7 @@ def test_when_rank_0_is_killed_the_other_ends_too(strategy: str, tmp_path: Path)
                 os.kill(pid, signal.SIGKILL)
 
 
+@pytest.mark.multiprocess
 def test_watchdog_ends_the_process_when_a_peer_is_gone() -> None:
     gone = subprocess.Popen([sys.executable, "-c", "pass"])
     gone.wait()
@@ -93,6 +95,7 @@ class CountedWatchdog(RankWatchdog):
         return ended
 
 
+@pytest.mark.multiprocess
 def test_watchdog_stopped_within_the_grace_ends_nothing() -> None:
     peer = subprocess.Popen([sys.executable, "-c", "pass"])
     peer.wait()
@@ -119,6 +122,7 @@ def test_stop_ends_the_watchdog_thread() -> None:
     assert not watchdog._thread.is_alive()  # Lightning's tests fail on a thread left behind
 
 
+@pytest.mark.multiprocess
 def test_zombies_count_as_ended() -> None:
     child = subprocess.Popen([sys.executable, "-c", "pass"])
     os.waitid(os.P_PID, child.pid, os.WEXITED | os.WNOWAIT)  # ended, not yet reaped
@@ -131,6 +135,7 @@ def test_only_ranks_on_this_machine_are_watched() -> None:
     assert local_peers(1, everyone, "a") == {0: 10, 3: 13}
 
 
+@pytest.mark.multiprocess
 def test_a_rank_failing_on_bad_input_names_no_peer() -> None:
     gone = subprocess.Popen([sys.executable, "-c", "pass"])
     gone.wait()
@@ -192,6 +197,7 @@ def test_a_failed_run_leaves_its_process_groups_alone(monkeypatch: pytest.Monkey
     assert exit_hooks.hooks == []  # its peers may never join a collective that ending the groups would wait for
 
 
+@pytest.mark.multiprocess
 def test_a_finished_deepspeed_run_has_ended_its_process_groups_before_python_finalises(tmp_path: Path) -> None:
     command = [sys.executable, str(EXIT_SCRIPT), str(tmp_path)]
     result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=300)

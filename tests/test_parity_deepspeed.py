@@ -51,6 +51,7 @@ def parity_runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
+@pytest.mark.multiprocess
 @pytest.mark.parametrize("name", [*PRESETS, *CONFIG_FILES, NVME_PRESET])
 def test_losses_and_weights_match_ddp(parity_runs: Path, name: str) -> None:
     tolerance = {**PRESETS, **CONFIG_FILES, "zero3_offload_nvme": CPU_ADAM}[name]
@@ -62,6 +63,7 @@ def test_losses_and_weights_match_ddp(parity_runs: Path, name: str) -> None:
     assert max_weight_difference(result["state_dict"], TinyLM().state_dict()) > 1e-3, "weights did not train"
 
 
+@pytest.mark.multiprocess
 def test_compiled_blocks_train_like_ddp(parity_runs: Path) -> None:
     assert "torch.compile on 2 transformer blocks." in (parity_runs / "launch.log").read_text()
     reference, result = load(parity_runs, "ddp"), load(parity_runs, "zero2_compiled")
@@ -70,12 +72,14 @@ def test_compiled_blocks_train_like_ddp(parity_runs: Path) -> None:
     assert 0 < difference <= CPU_ADAM["weight"]  # not bit-identical: the compiled kernels ran
 
 
+@pytest.mark.multiprocess
 @pytest.mark.parametrize("name", ["zero3", "zero3_offload"])
 def test_a_finished_zero3_run_leaves_none_of_its_modules_to_deepspeed(parity_runs: Path, name: str) -> None:
     # ZeRO-3 keeps each engine's root module on a module-level stack that `engine.destroy()` leaves in place.
     assert load(parity_runs, name)["zero3_modules_left"] == 0
 
 
+@pytest.mark.multiprocess
 @pytest.mark.parametrize("name", ["ddp", *PRESETS, "zero2_compiled"])
 def test_a_finished_run_lets_its_model_and_optimizer_be_freed(parity_runs: Path, name: str) -> None:
     # Once the Trainer and module are dropped, nothing may hold the model: ZeRO's gradient hooks did, through
@@ -95,12 +99,14 @@ def footprints(directory: Path, name: str) -> list[tuple[int, int, int]]:
     return [tuple(rank) for rank in load(directory, name)["footprints"]]
 
 
+@pytest.mark.multiprocess
 def test_ddp_holds_everything_on_every_rank(parity_runs: Path) -> None:
     for local, full, optimizer_state in footprints(parity_runs, "ddp"):
         assert local == full
         assert optimizer_state == 2 * full  # Adam's two moments
 
 
+@pytest.mark.multiprocess
 @pytest.mark.parametrize("name", ["zero1", "zero2", "zero2_offload", "zero3", "zero3_offload", NVME_PRESET])
 def test_optimizer_state_is_partitioned(parity_runs: Path, name: str) -> None:
     ranks = footprints(parity_runs, name)
@@ -110,6 +116,7 @@ def test_optimizer_state_is_partitioned(parity_runs: Path, name: str) -> None:
     assert sum(rank[2] for rank in ranks) >= 2 * full
 
 
+@pytest.mark.multiprocess
 @pytest.mark.parametrize(
     ("name", "sharded"),
     [
@@ -126,6 +133,7 @@ def test_parameters_are_partitioned_only_under_stage_3(parity_runs: Path, name: 
     assert sum(rank[0] for rank in ranks) >= ranks[0][1]
 
 
+@pytest.mark.multiprocess
 def test_zero3_builds_configure_model_partitioned_with_hugging_face_init(tmp_path: Path) -> None:
     # transformers must be told that ZeRO-3 is on, or its weight init runs on empty partitions and the
     # model keeps torch's default init (std ~0.1 here instead of 0.02).

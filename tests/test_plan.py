@@ -46,6 +46,7 @@ def footprints(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
+@pytest.mark.multiprocess
 @pytest.mark.parametrize("name", list(MEASURED))
 def test_model_state_elements_equal_measured_partitions(footprints: Path, name: str) -> None:
     measured = torch.load(footprints / f"{name}.pt")["footprints"]  # per rank: local, full, optimizer elements
@@ -220,6 +221,7 @@ def planned_configs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     return planned
 
 
+@pytest.mark.multiprocess
 @pytest.mark.parametrize("config", [path.stem for path in SHIPPED_CONFIGS])
 def test_plan_plans_every_shipped_config(planned_configs: dict[str, Any], config: str) -> None:
     result = planned_configs[config]
@@ -231,6 +233,7 @@ def test_plan_plans_every_shipped_config(planned_configs: dict[str, Any], config
     assert result["per_sample"] > 0 and result["micro_batch"] >= 1
 
 
+@pytest.mark.multiprocess
 def test_the_llama_configs_plan_with_abstract_tensors_in_little_host_memory(planned_configs: dict[str, Any]) -> None:
     """A 3B and an 8B model are planned without their weights: the whole run over every config stays under 4 GiB
     resident (measured 0.8 GiB; building the 8B model alone would take 30 GiB in fp32)."""

@@ -110,6 +110,7 @@ def test_single_process_needs_no_synced_generation() -> None:
 # --- the chat command ----------------------------------------------------------------------------------------
 
 
+@pytest.mark.multiprocess
 def test_chat_replies_to_piped_lines(trained: dict[str, Any]) -> None:
     result = subprocess.run(
         [
@@ -181,6 +182,7 @@ def run_worker(args: list[str], timeout: float = WORKER_TIMEOUT_S) -> str:
     return run_script(Path(__file__), *args, timeout=timeout)
 
 
+@pytest.mark.multiprocess
 def test_generation_under_zero3_in_two_processes(
     tmp_path: Path, cache_dir: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:

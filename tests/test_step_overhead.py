@@ -16,6 +16,8 @@ import pytest
 
 from tests.helpers.launch import run_script
 
+pytestmark = pytest.mark.multiprocess  # every test here starts processes
+
 RUNNER = Path(__file__).parent / "helpers" / "step_calls_run.py"
 
 

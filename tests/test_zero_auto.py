@@ -269,6 +269,7 @@ def test_the_cache_key_includes_approximate() -> None:
     assert keys[0] != keys[1]
 
 
+@pytest.mark.multiprocess
 def test_a_trial_builds_the_same_optimizer_as_the_run_of_its_candidate(tmp_path: Path) -> None:
     out = tmp_path / "calls.json"
     cases = ("offload", "offload_torch_adam", "zenflow", "bf16_states", "bf16_states_sgd")
@@ -358,6 +359,7 @@ def result(out: Path, name: str) -> dict[str, Any]:
     return rank0
 
 
+@pytest.mark.multiprocess
 def test_zero_auto_trains_with_the_fastest_trial_keeping_the_global_batch(runs: Path) -> None:
     first = result(runs, "auto")  # dataloader batch 4 on 2 processes: global batch 8
     assert (first["micro_batch"], first["accumulation"]) == (4, 1) and len(first["losses"]) == 4
@@ -366,24 +368,28 @@ def test_zero_auto_trains_with_the_fastest_trial_keeping_the_global_batch(runs: 
     assert first["stage"] == int(first["chosen"][4])
 
 
+@pytest.mark.multiprocess
 def test_zero_auto_reuses_its_cached_choice(runs: Path) -> None:
     first, again = result(runs, "auto"), result(runs, "auto_again")
     assert again["from_cache"] and again["tried"] == [] and again["chosen"] == first["chosen"]
     assert again["losses"] == first["losses"]
 
 
+@pytest.mark.multiprocess
 def test_zero_auto_with_a_global_batch(runs: Path) -> None:
     run = result(runs, "auto_global")  # global 16 on 2 processes: 8 per process, fits without accumulation
     assert (run["micro_batch"], run["accumulation"], run["module_batch_size"]) == (8, 1, 8)
     assert not run["from_cache"]  # a different batch is a different cache key
 
 
+@pytest.mark.multiprocess
 def test_trials_free_their_engines_zero3_included(runs: Path) -> None:
     run = result(runs, "auto_zero3")
     assert [name.split()[0] for name, _, _ in run["tried"]] == ["zero2", "zero1", "zero3"]
     assert run["engines_added"] == 1, "only the run's own engine may be left after the trials"
 
 
+@pytest.mark.multiprocess
 def test_offload_trials_give_their_host_memory_back(tmp_path: Path) -> None:
     """Two offload trials of a 33.6M-parameter model (~540 MB of host state each) leave the process's resident
     memory within a quarter of one trial's state of where it was: measured +54 MB (the CPU Adam op and allocator
