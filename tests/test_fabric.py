@@ -34,6 +34,8 @@ from tests.helpers.parity import load_result, max_weight_difference
 from tests.helpers.tiny import TinyLM
 from tests.test_parity_deepspeed import CPU_ADAM, EXACT
 
+pytestmark = pytest.mark.multiprocess  # every test here reads a 2-process Fabric launch
+
 RUNNER = REPO / "tests" / "helpers" / "fabric_run.py"
 ORPHAN = REPO / "tests" / "helpers" / "fabric_orphan_run.py"
 STEPS = 8

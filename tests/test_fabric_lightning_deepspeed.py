@@ -21,6 +21,8 @@ import lightning_zero  # noqa: F401  (registers the presets)
 from lightning_zero import ZeroConfigError, build_fabric_preset, build_preset
 from lightning_zero.fabric.deepspeed import FabricZeroStrategy
 
+pytestmark = pytest.mark.slow  # each test builds a DeepSpeed engine under Fabric
+
 DEEPSPEED_CONFIG = {
     "optimizer": {"type": "SGD", "params": {"lr": 3e-5}},
     "scheduler": {
