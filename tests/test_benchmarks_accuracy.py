@@ -56,6 +56,7 @@ def test_table_gives_mean_std_and_the_difference_paired_by_seed() -> None:
     assert len(table) == 4, "a failed run is left out of the table"
 
 
+@pytest.mark.multiprocess
 def test_a_failing_run_is_recorded_with_its_reason_and_retried_on_resume(tmp_path: Path) -> None:
     tune = FineTune(accelerator="cpu", precision="32-true", limit_train=8, batch_size=4, timeout_s=120)
     run_accuracy(tmp_path, tune, ["no_such_strategy"], [1], parallel=1)

@@ -87,6 +87,7 @@ def test_plan_puts_each_experiments_headline_rows_first_and_flops_grow_with_leng
     assert pairs.worst(128, 0)[0] <= 128 and pairs.summary()["source_mean"] < 64
 
 
+@pytest.mark.multiprocess
 @pytest.mark.timeout(120)
 def test_two_ranks_agree_on_the_smaller_max_batch_and_a_rerun_resumes(tmp_path: Path) -> None:
     out = tmp_path / "two"
@@ -110,6 +111,7 @@ def test_two_ranks_agree_on_the_smaller_max_batch_and_a_rerun_resumes(tmp_path: 
     assert len(_results(out)) == 1, "a rerun of the same command must skip the finished row"
 
 
+@pytest.mark.multiprocess
 @pytest.mark.timeout(90)
 def test_one_process_measures_dynamic_lengths_padded_per_batch(tmp_path: Path) -> None:
     out = tmp_path / "one"
@@ -136,6 +138,7 @@ def test_a_measurement_takes_its_minimum_steps_however_long_they_take() -> None:
     assert timing_done([skipped] * 50, elapsed_s=30.0, steps=1000, min_steps=50, budget_s=5.0), "fp16 gives up"
 
 
+@pytest.mark.multiprocess
 @pytest.mark.timeout(240)
 def test_set_batch_rows_skip_the_search_and_zero_auto_rows_report_their_choice(tmp_path: Path) -> None:
     out = tmp_path / "auto"
@@ -405,6 +408,7 @@ def test_the_anchor_table_compares_each_row_with_the_fastest_lightning_and_accel
     assert "deberta" not in text, "an experiment without an Accelerate row has no anchor table"
 
 
+@pytest.mark.multiprocess
 @pytest.mark.timeout(180)
 def test_the_tiny_llama_anchors_run_in_one_launch_and_the_report_shows_them(tmp_path: Path) -> None:
     out = tmp_path / "anchors"

@@ -222,6 +222,7 @@ def test_unknown_number_of_training_steps_is_an_error() -> None:
 # --- learning -----------------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_minilm_learns_movie_review_sentiment_in_60_steps(tmp_path: Path) -> None:
     L.seed_everything(0)
     data = MovieReviewsDataModule(

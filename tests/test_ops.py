@@ -17,6 +17,7 @@ from lightning_zero.runtime.ops import build_cpu_ops, build_lock, remove_stale_l
 from lightning_zero.strategies import deepspeed as zero_deepspeed
 
 
+@pytest.mark.multiprocess
 def test_a_killed_builds_lock_file_ends_in_an_error_that_names_it(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
