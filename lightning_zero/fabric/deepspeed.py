@@ -33,12 +33,12 @@ from lightning_zero.strategies import cpu_adam
 from lightning_zero.strategies.deepspeed import (
     forget_zero3_modules,
     initialize_engine,
-    lightning_config_path,
     release_engine,
+    strategy_settings,
     use_deepspeed_cpu_accelerator,
 )
 from lightning_zero.strategies.deepspeed_config import DeepSpeedZeroConfig, TrainerValues
-from lightning_zero.strategies.deepspeed_settings import DeepSpeedSettings, ReadOnlyConfig, config_change_error
+from lightning_zero.strategies.deepspeed_settings import ReadOnlyConfig, config_change_error
 
 if TYPE_CHECKING:
     import deepspeed
@@ -121,16 +121,8 @@ class FabricZeroStrategy(FabricWatchedRanks, _FabricDeepSpeedOnCpu):
         load_full_weights: bool = False,
         logging_level: int = logging.WARN,
     ) -> None:
-        if zero is not None and deepspeed_config is not None:
-            raise ZeroConfigError("Pass either `zero` or `deepspeed_config` to FabricZeroStrategy, not both.")
-        if deepspeed_config is None:
-            deepspeed_config = lightning_config_path(zero)
         #: The run's typed and DeepSpeed configs, in one frozen value (the Trainer strategy's).
-        self.settings = (
-            DeepSpeedSettings.from_zero(DeepSpeedZeroConfig.coerce(zero))
-            if deepspeed_config is None
-            else DeepSpeedSettings.from_deepspeed(deepspeed_config)
-        )
+        self.settings = strategy_settings(zero, deepspeed_config, "FabricZeroStrategy")
         remote_device = self.zero.offload_parameters if self.zero.offload_parameters != "none" else None
         super().__init__(
             accelerator=accelerator,

@@ -223,6 +223,22 @@ class _DeepSpeedOnCpu(DeepSpeedStrategy):
         return initialize_engine(model, config, self._device_rank, optimizer, lr_scheduler, parameters)
 
 
+def strategy_settings(
+    zero: DeepSpeedZeroConfig | Mapping[str, Any] | None,
+    deepspeed_config: str | Path | Mapping[str, Any] | None,
+    owner: str,
+) -> DeepSpeedSettings:
+    """The settings a strategy is given: a typed config (or its fields), a DeepSpeed config, or Lightning's
+    ``PL_DEEPSPEED_CONFIG_PATH`` file when neither is."""
+    if zero is not None and deepspeed_config is not None:
+        raise ZeroConfigError(f"Pass either `zero` or `deepspeed_config` to {owner}, not both.")
+    if deepspeed_config is None:
+        deepspeed_config = lightning_config_path(zero)
+    if deepspeed_config is None:
+        return DeepSpeedSettings.from_zero(DeepSpeedZeroConfig.coerce(zero))
+    return DeepSpeedSettings.from_deepspeed(deepspeed_config)
+
+
 def lightning_config_path(zero: Any) -> str | None:
     """The DeepSpeed config file named by Lightning's ``PL_DEEPSPEED_CONFIG_PATH``, read as Lightning's
     ``DeepSpeedStrategy`` reads it: when no config is given. Given ``zero`` settings (a preset), it is not read,
@@ -282,16 +298,8 @@ class DeepSpeedZeroStrategy(ShardedSetup, WatchedRanks, SafeCheckpoints, _DeepSp
         load_full_weights: bool = False,
         logging_level: int = logging.WARN,
     ) -> None:
-        if zero is not None and deepspeed_config is not None:
-            raise ZeroConfigError("Pass either `zero` or `deepspeed_config` to ZeroStrategy, not both.")
-        if deepspeed_config is None:
-            deepspeed_config = lightning_config_path(zero)
         #: The run's typed and DeepSpeed configs, in one frozen value; resolved further as the run is set up.
-        self.settings = (
-            DeepSpeedSettings.from_zero(DeepSpeedZeroConfig.coerce(zero))
-            if deepspeed_config is None
-            else DeepSpeedSettings.from_deepspeed(deepspeed_config)
-        )
+        self.settings = strategy_settings(zero, deepspeed_config, "ZeroStrategy")
         remote_device = self.zero.offload_parameters if self.zero.offload_parameters != "none" else None
         super().__init__(
             accelerator=accelerator,
