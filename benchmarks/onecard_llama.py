@@ -27,8 +27,6 @@ GIB = 2**30
 SEQ = 2048
 GLOBAL_BATCH = 16
 CAP_GIB = 24.0
-#: bf16 dense matrix throughput measured on one H100 here (FIELD_NOTES), the MFU's denominator.
-PEAK_FLOPS = 790e12
 #: The campaign's device; CPU only for a smoke run of a tiny shape (``--model tiny-llama``).
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -93,6 +91,8 @@ class Timer:
             torch.cuda.reset_peak_memory_stats()
 
     def result(self, parameters: int) -> dict[str, Any]:
+        from benchmarks.bench.report import DEFAULT_PEAK_TFLOPS  # the harness's MFU denominator (benchmarks/README.md)
+
         timed = self.marks[self.warmup :]
         steps = len(timed) - 1
         seconds = (timed[-1] - timed[0]) / steps
@@ -102,7 +102,7 @@ class Timer:
             "step_s": round(seconds, 3),
             "samples_per_s": round(GLOBAL_BATCH / seconds, 3),
             "tokens_per_s": round(tokens),
-            "mfu": round(6 * parameters * tokens / PEAK_FLOPS, 4),
+            "mfu": round(6 * parameters * tokens / (DEFAULT_PEAK_TFLOPS * 1e12), 4),
             "peak_gpu_gib": round(torch.cuda.max_memory_allocated() / GIB, 2) if DEVICE == "cuda" else None,
         }
 

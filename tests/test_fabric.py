@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
 import sys
 from pathlib import Path
 
@@ -29,7 +28,7 @@ from lightning_zero.fabric.deepspeed import FabricZeroStrategy
 from lightning_zero.fabric.fsdp2 import FabricFSDP2Strategy
 from lightning_zero.preset_table import PRESETS
 from lightning_zero.runtime.watchdog import is_alive
-from tests.helpers.launch import REPO, run_script
+from tests.helpers.launch import REPO, run_script, run_until_every_rank_ended
 from tests.helpers.parity import load_result, max_weight_difference
 from tests.helpers.tiny import TinyLM
 from tests.test_parity_deepspeed import CPU_ADAM, EXACT
@@ -147,21 +146,12 @@ def test_zero_to_fp32_and_consolidate_read_a_fabric_checkpoint(fabric_runs: Path
 def test_when_rank_0_is_killed_under_fabric_the_other_ends_too(strategy: str, tmp_path: Path) -> None:
     """Rank 1 is in ten minutes of work of its own when rank 0 dies: without the watchdog this fails at the
     hard timeout."""
-    command = [sys.executable, str(ORPHAN), str(tmp_path), strategy]
-    process = subprocess.Popen(
-        command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
-    )
-    try:
-        output, _ = process.communicate(timeout=240)  # the pipe closes when the last rank holding it ends
-    except subprocess.TimeoutExpired:
-        os.killpg(process.pid, signal.SIGKILL)
-        output, _ = process.communicate()
-        pytest.fail(f"a rank was still running after 240 s:\n{output[-4000:]}")
+    returncode, output = run_until_every_rank_ended([sys.executable, str(ORPHAN), str(tmp_path), strategy])
     pids = [int((tmp_path / f"pid-{rank}").read_text()) for rank in (0, 1)]
     try:
         assert (tmp_path / "failed-at").exists(), output[-4000:]
         assert not [pid for pid in pids if is_alive(pid)], "a rank outlived the run"
-        assert process.returncode != 0
+        assert returncode != 0
         assert output.count("error: rank 0 (pid") == 1, output[-4000:]
     finally:
         for pid in pids:

@@ -28,6 +28,7 @@ import pytest
 from lightning_zero.errors import ZeroConfigError
 from lightning_zero.runtime import watchdog as watchdog_module
 from lightning_zero.runtime.watchdog import RankWatchdog, WatchedRanks, is_alive, local_peers, report_failed_peer
+from tests.helpers import launch
 from tests.helpers.launch import REPO
 
 SCRIPT = REPO / "tests" / "helpers" / "orphan_run.py"
@@ -37,17 +38,7 @@ STRATEGIES = ["zero2", "zero2_fairscale", "zero3_fsdp"]
 
 def run_until_every_rank_ended(out: Path, strategy: str) -> tuple[int, str]:
     """The run's exit status and output; fails if a rank is still there after the hard timeout."""
-    command = [sys.executable, str(SCRIPT), str(out), strategy, "0", "kill"]
-    process = subprocess.Popen(
-        command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
-    )
-    try:
-        output, _ = process.communicate(timeout=240)  # the pipe closes when the last rank holding it ends
-    except subprocess.TimeoutExpired:
-        os.killpg(process.pid, signal.SIGKILL)
-        output, _ = process.communicate()
-        pytest.fail(f"a rank was still running after 240 s:\n{output[-4000:]}")
-    return process.returncode, output
+    return launch.run_until_every_rank_ended([sys.executable, str(SCRIPT), str(out), strategy, "0", "kill"])
 
 
 @pytest.mark.multiprocess

@@ -40,6 +40,23 @@ def run_script(script: Path | str, *args: str, timeout: float = 600, cwd: Path |
     return output
 
 
+def run_until_every_rank_ended(command: list[str], timeout: float = 240) -> tuple[int, str]:
+    """Run a launch whose ranks are meant to end by themselves; its exit status and output, or fail if a rank is
+    still there after ``timeout`` (the pipe closes only when the last rank holding it ends)."""
+    import pytest
+
+    process = subprocess.Popen(
+        command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
+    )
+    try:
+        output, _ = process.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        output, _ = process.communicate()
+        pytest.fail(f"a rank was still running after {timeout:g} s:\n{output[-4000:]}")
+    return process.returncode, output
+
+
 def _kill_group(pid: int) -> None:
     with contextlib.suppress(ProcessLookupError):
         os.killpg(pid, signal.SIGKILL)
