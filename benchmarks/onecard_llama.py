@@ -56,6 +56,32 @@ ROWS: dict[str, dict[str, Any]] = {
     "accelerate_ds2_offload+hf_gc@2x8": {"accelerate": 2, "precision": "bf16-mixed", "micro": 2},
     "accelerate_ds3_offload+hf_gc@4x4": {"accelerate": 3, "precision": "bf16-mixed", "micro": 4},
     "accelerate_ds3_offload+hf_gc@8x2": {"accelerate": 3, "precision": "bf16-mixed", "micro": 8},
+    "accelerate_ds3_offload+hf_gc@2x8": {"accelerate": 3, "precision": "bf16-mixed", "micro": 2},
+    "lightning_ds2_offload+hf_gc@4x4": {"lightning": 2, "precision": "bf16-mixed", "micro": 4},
+    "lightning_ds2_offload+hf_gc@2x8": {"lightning": 2, "precision": "bf16-mixed", "micro": 2},
+    "lightning_ds3_offload+hf_gc@4x4": {"lightning": 3, "precision": "bf16-mixed", "micro": 4},
+    "lightning_ds3_offload+hf_gc@2x8": {"lightning": 3, "precision": "bf16-mixed", "micro": 2},
+    "task_onecard_adamw8bit+ac+offload_act@16": {
+        "preset": "onecard_adamw8bit",
+        "zero": {"activation_checkpointing": True, "activation_offload": True},
+        "precision": "bf16-true",
+        "micro": 16,
+        "task": True,
+    },
+    "task_onecard_offload+ac+offload_act@16": {
+        "preset": "onecard_offload",
+        "zero": {"activation_checkpointing": True, "activation_offload": True},
+        "precision": "bf16-mixed",
+        "micro": 16,
+        "task": True,
+    },
+    "zero_auto@16": {"preset": "zero_auto", "zero": {}, "precision": "bf16-mixed", "micro": 16},
+    "zero_auto_approximate@16": {
+        "preset": "zero_auto",
+        "zero": {"approximate": True},
+        "precision": "bf16-mixed",
+        "micro": 16,
+    },
 }
 
 
@@ -107,56 +133,119 @@ class Timer:
         }
 
 
-def run_lightning(shape: str, row: dict[str, Any], steps: int, warmup: int) -> dict[str, Any]:
+def _user_module(model: Any, own_loss: bool, ids: torch.Tensor, micro: int) -> Any:
+    """A user's own LightningModule around ``model``: our chunked loss, or (``own_loss``) the model's own; its loader
+    of ``ids`` reads ``batch_size`` (``zero_auto`` sets it to the micro-batch it chose)."""
     import lightning.pytorch as pl
 
     from lightning_zero.app.tasks.losses import causal_lm_nll
-    from lightning_zero.preset_table import get_preset
-    from lightning_zero.strategies.onecard import OneCardStrategy
-
-    dtype = torch.bfloat16 if row["precision"] == "bf16-true" else torch.float32
-    model = build_model(shape, dtype, DEVICE)
-    parameters = sum(p.numel() for p in model.parameters())
-    timer = Timer(warmup)
 
     class UserModule(pl.LightningModule):
         def __init__(self) -> None:
             super().__init__()
             self.model = model
+            self.batch_size = micro
+
+        def train_dataloader(self) -> Any:
+            return torch.utils.data.DataLoader(ids, batch_size=self.batch_size)
 
         def training_step(self, batch: torch.Tensor, _: int) -> torch.Tensor:
+            if own_loss:
+                return self.model(input_ids=batch, labels=batch).loss
             nll, count = causal_lm_nll(self.model, batch, None, batch, 2048)
             return nll / count
 
         def configure_optimizers(self) -> Any:
             return torch.optim.AdamW(self.parameters(), lr=1e-5, weight_decay=0.0)
 
-    accumulate = GLOBAL_BATCH // row["micro"]
+    return UserModule()
+
+
+def _task_module(shape: str) -> Any:
+    """Our ``CausalLMTask`` with the shape, the model's vocabulary, the chunked loss."""
+    from lightning_zero.app.tasks.causal_lm import CausalLMTask
+
+    vocab = build_config_vocab(shape)
+    return CausalLMTask(model=f"shape:{shape}", vocab_size=vocab, loss_chunk_tokens=2048, learning_rate=1e-5)
+
+
+def build_config_vocab(shape: str) -> int:
+    from lightning_zero.app.models.shapes import shape_config
+
+    return int(shape_config(shape).vocab_size)
+
+
+def _strategy(row: dict[str, Any]) -> Any:
+    """Our preset with the row's fields, or Lightning's own DeepSpeed strategy by hand (stage, offload devices)."""
+    if "lightning" in row:
+        from lightning.pytorch.strategies import DeepSpeedStrategy
+
+        stage = row["lightning"]
+        return DeepSpeedStrategy(stage=stage, offload_optimizer=True, offload_parameters=stage == 3)
+    from lightning_zero.presets import build_preset
+
+    return build_preset(row["preset"], memory_budget_gib=CAP_GIB, **row["zero"])
+
+
+class _TaskBatches(torch.utils.data.Dataset[dict[str, torch.Tensor]]):
+    def __init__(self, ids: torch.Tensor) -> None:
+        self.ids = ids
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
+        return {"input_ids": self.ids[index], "labels": self.ids[index]}
+
+
+def run_lightning(shape: str, row: dict[str, Any], steps: int, warmup: int) -> dict[str, Any]:
+    import lightning.pytorch as pl
+
+    timer = Timer(warmup)
+    started = time.perf_counter()
+    micro = row["micro"]
+    parameters = sum(p.numel() for p in build_model(shape, torch.float32, "meta").parameters())
+    ids = samples(build_config_vocab(shape), (warmup + steps + 1) * GLOBAL_BATCH, micro).dataset
+    loader: Any = None
+    if row.get("task"):
+        module = _task_module(shape)
+        loader = torch.utils.data.DataLoader(_TaskBatches(ids), batch_size=micro)
+    else:
+        dtype = torch.bfloat16 if row["precision"] == "bf16-true" else torch.float32
+        # Lightning's DeepSpeed by hand: the model on the host, as a user would build it for an offload run.
+        model = build_model(shape, dtype, "cpu" if "lightning" in row else DEVICE)
+        if "lightning" in row:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        module = _user_module(model, "lightning" in row, ids, micro)
 
     class StepTimes(pl.Callback):
-        def on_train_batch_end(self, trainer: pl.Trainer, module: Any, outputs: Any, batch: Any, index: int) -> None:
-            if (index + 1) % accumulate == 0:  # the micro-batch that ended with the optimizer step
+        def on_train_batch_end(self, trainer: pl.Trainer, pl_module: Any, outputs: Any, batch: Any, index: int) -> None:
+            if (index + 1) % int(trainer.accumulate_grad_batches) == 0:  # the micro-batch that ended a step
                 timer.mark()
 
-    fields = {"memory_budget_gib": CAP_GIB, **row["zero"]}
-    strategy = OneCardStrategy({**get_preset(row["preset"]).fields, **fields}, device=DEVICE)
-    started = time.perf_counter()
+    strategy = _strategy(row)
     trainer = pl.Trainer(
         accelerator=DEVICE,
         devices=1,
         strategy=strategy,
         precision=row["precision"],
         max_steps=warmup + steps + 1,
-        accumulate_grad_batches=accumulate,
+        accumulate_grad_batches=GLOBAL_BATCH // micro,
         logger=False,
         enable_checkpointing=False,
         enable_progress_bar=False,
         enable_model_summary=False,
         callbacks=[StepTimes()],
     )
-    loader = samples(model.config.vocab_size, (warmup + steps + 1) * GLOBAL_BATCH, row["micro"])
-    trainer.fit(UserModule(), loader)
-    return {**timer.result(parameters), "setup_and_run_s": round(time.perf_counter() - started, 1)}
+    trainer.fit(module, loader)
+    record = {**timer.result(parameters), "setup_and_run_s": round(time.perf_counter() - started, 1)}
+    chosen = getattr(strategy, "chosen", None)
+    if chosen is not None:
+        trial = next((m for m in strategy.trials if m.candidate == chosen and m.fits), None)
+        record["chosen"] = chosen.name
+        record["trial_samples_per_s"] = round(trial.samples_per_sec, 3) if trial else None
+        record["trials"] = [[m.candidate.name, m.fits, round(m.samples_per_sec, 3), m.reason] for m in strategy.trials]
+    return record
 
 
 def run_accelerate(shape: str, row: dict[str, Any], steps: int, warmup: int) -> dict[str, Any]:
