@@ -75,11 +75,11 @@ ROWS: dict[str, dict[str, Any]] = {
         "micro": 16,
         "task": True,
     },
-    "zero_auto@16": {"preset": "zero_auto", "zero": {}, "precision": "bf16-mixed", "micro": 16},
-    "zero_auto_approximate@16": {
+    "zero_auto@16": {"preset": "zero_auto", "zero": {"max_trials": 2}, "precision": "bf16-mixed", "micro": 16},
+    "zero_auto_approximate_bf16@16": {
         "preset": "zero_auto",
-        "zero": {"approximate": True},
-        "precision": "bf16-mixed",
+        "zero": {"max_trials": 2, "approximate": True},
+        "precision": "bf16-true",
         "micro": 16,
     },
 }
@@ -94,6 +94,10 @@ def build_model(shape: str, dtype: torch.dtype, device: str) -> Any:
     config.use_cache = False
     with torch.device(device):
         return AutoModelForCausalLM.from_config(config, dtype=dtype)
+
+
+def parameter_count(shape: str) -> int:
+    return sum(p.numel() for p in build_model(shape, torch.float32, "meta").parameters())
 
 
 def samples(vocab: int, count: int, micro: int) -> Any:
@@ -152,10 +156,14 @@ def _user_module(model: Any, own_loss: bool, ids: torch.Tensor, micro: int) -> A
         def training_step(self, batch: torch.Tensor, _: int) -> torch.Tensor:
             if own_loss:
                 return self.model(input_ids=batch, labels=batch).loss
-            nll, count = causal_lm_nll(self.model, batch, None, batch, 2048)
+            nll, count = causal_lm_nll(self.model, batch, None, batch, SEQ)
             return nll / count
 
         def configure_optimizers(self) -> Any:
+            if own_loss:  # Lightning's DeepSpeed offload by hand: DeepSpeed refuses a torch AdamW there
+                from deepspeed.ops.adam import DeepSpeedCPUAdam
+
+                return DeepSpeedCPUAdam(self.parameters(), lr=1e-5, weight_decay=0.0, adamw_mode=True)
             return torch.optim.AdamW(self.parameters(), lr=1e-5, weight_decay=0.0)
 
     return UserModule()
@@ -204,7 +212,7 @@ def run_lightning(shape: str, row: dict[str, Any], steps: int, warmup: int) -> d
     timer = Timer(warmup)
     started = time.perf_counter()
     micro = row["micro"]
-    parameters = sum(p.numel() for p in build_model(shape, torch.float32, "meta").parameters())
+    parameters = parameter_count(shape)
     ids = samples(build_config_vocab(shape), (warmup + steps + 1) * GLOBAL_BATCH, micro).dataset
     loader: Any = None
     if row.get("task"):
@@ -266,7 +274,7 @@ def run_accelerate(shape: str, row: dict[str, Any], steps: int, warmup: int) -> 
     accelerator = Accelerator(mixed_precision="bf16", deepspeed_plugin=plugin)
     model = build_model(shape, torch.float32, "cpu")
     model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    parameters = sum(p.numel() for p in model.parameters())
+    parameters = parameter_count(shape)  # transformers builds it partitioned under Accelerate's ZeRO-3
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5, weight_decay=0.0)
     loader = samples(model.config.vocab_size, (warmup + steps + 1) * GLOBAL_BATCH, row["micro"])
     model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
@@ -306,7 +314,7 @@ def campaign(shape: str, labels: list[str], out: str, steps: int, warmup: int, t
         sampler = threading.Thread(target=_sample_host, args=(stop, peak), daemon=True)
         sampler.start()
         command = [sys.executable, __file__, "--model", shape, "--one", label, "--steps", str(steps)]
-        command += ["--warmup", str(warmup)]
+        command += ["--warmup", str(warmup), "--seq", str(SEQ)]
         started = time.perf_counter()
         try:
             done = subprocess.run(command, capture_output=True, text=True, timeout=timeout)
@@ -329,6 +337,7 @@ def campaign(shape: str, labels: list[str], out: str, steps: int, warmup: int, t
 
 
 def main() -> None:
+    global SEQ
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="llama-3.2-3b")
     parser.add_argument("--rows", default=",".join(ROWS))
@@ -337,7 +346,9 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--timeout", type=int, default=240, help="seconds a row may take")
+    parser.add_argument("--seq", type=int, default=SEQ, help="tokens a sample (shorter only for a smoke run)")
     args = parser.parse_args()
+    SEQ = args.seq
     if args.one:
         run_row(args.model, args.one, args.steps, args.warmup)
     else:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -36,8 +37,10 @@ __all__ = [
     "attached_trainer",
     "auto_class_model_classes",
     "checkpoint_wrapper",
+    "cuda_allocator_settings",
     "empty_pinned_host_cache",
     "extension_build_directory",
+    "hand_over_strategy",
     "init_optimizers_and_schedulers",
     "load_universal_checkpoint_next",
     "materialize_meta_module",
@@ -71,6 +74,10 @@ RELIED_ON: dict[str, str] = {
         "`plan` builds and runs the model with tensors that have shapes and storages but no memory or values, so a "
         "3B or 8B model plans in seconds on a laptop (torch's own tracing mode; public only through torch.export)"
     ),
+    "torch._C._accelerator_getAllocatorSettings": (
+        "zero_auto and the one-card strategy read the allocator settings they switch, to give them back as the user "
+        "had them (no public getter; the process's PYTORCH_CUDA_ALLOC_CONF where torch lacks it)"
+    ),
     "torch._C._host_emptyCache": (
         "zero_auto gives a trial's page-locked host blocks back on torch builds without the public "
         "torch.accelerator.empty_host_cache (torch 2.11 on the GPU machines; CUDA builds only)"
@@ -87,6 +94,10 @@ RELIED_ON: dict[str, str] = {
     "lightning.fabric.utilities.init._materialize_distributed_module": (
         "FSDP2 meta-device initialisation after sharding, as ModelParallelStrategy does (its TODO: a public "
         "Fabric.materialize)"
+    ),
+    "lightning.pytorch.trainer.trainer.Trainer.strategy": (
+        "zero_auto hands the run to the one-card strategy it chose once the model exists: Trainer.strategy reads "
+        "its accelerator connector's, and there is no public setter (Lightning fixes the strategy at Trainer(...))"
     ),
     "lightning.pytorch.core.optimizer._init_optimizers_and_lr_schedulers": (
         "the module's optimizers and scheduler configs, normalised as Lightning does, before the DeepSpeed engine "
@@ -212,6 +223,20 @@ def extension_build_directory(name: str) -> Path:
     from torch.utils.cpp_extension import _get_build_directory
 
     return Path(_get_build_directory(name, verbose=False))
+
+
+def hand_over_strategy(trainer: Any, strategy: Any) -> None:
+    """Make ``strategy`` the one that ``trainer.strategy`` gives from now on."""
+    trainer._accelerator_connector.strategy = strategy
+
+
+def cuda_allocator_settings() -> str:
+    """The CUDA caching allocator's settings now (``PYTORCH_CUDA_ALLOC_CONF`` syntax; ``""``: the defaults)."""
+    import torch
+
+    if hasattr(torch._C, "_accelerator_getAllocatorSettings"):  # torch 2.11 and later
+        return str(torch._C._accelerator_getAllocatorSettings())
+    return os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "")
 
 
 def set_cuda_allocator_settings(settings: str) -> None:

@@ -172,3 +172,29 @@ def test_a_deepspeed_config_files_typed_view_keeps_what_deepspeed_runs() -> None
         stage=2, offload_optimizer="cpu", allgather_bucket_size=789, contiguous_gradients=False
     )
     assert zero_config_of(to_deepspeed_config(written)) == written
+
+
+def test_expandable_segments_are_switched_on_for_cuda_only_and_given_back_as_the_user_had_them(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from lightning_zero.memory import allocator
+
+    settings: list[str] = []
+    users = ["max_split_size_mb:128"]
+    monkeypatch.setattr(allocator, "cuda_allocator_settings", lambda: users[0])
+    monkeypatch.setattr(allocator, "set_cuda_allocator_settings", settings.append)
+    assert allocator.use_expandable_segments(torch.device("cpu"), "test") is None and settings == []
+    previous = allocator.use_expandable_segments(torch.device("cuda", 0), "test")
+    assert settings == ["expandable_segments:True"] and previous == "max_split_size_mb:128"
+    allocator.restore_allocator(previous)
+    assert settings[-1] == "max_split_size_mb:128,expandable_segments:False"
+    allocator.restore_allocator("")
+    assert settings[-1] == "expandable_segments:False"
+    users[0] = "expandable_segments:True,max_split_size_mb:64"  # the user's own: left as it is, nothing to give back
+    assert allocator.use_expandable_segments(torch.device("cuda", 0), "test") is None and len(settings) == 3
+    allocator.restore_allocator(users[0])
+    assert settings[-1] == users[0]
+    from lightning_zero.auto.strategy import AutoZeroConfig
+    from lightning_zero.strategies.onecard_config import OneCardConfig
+
+    assert AutoZeroConfig().expandable_segments and OneCardConfig().expandable_segments

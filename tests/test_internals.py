@@ -28,6 +28,8 @@ FINGERPRINTS: dict[str, str] = {
     "torch.distributed.algorithms._checkpoint.checkpoint_wrapper.apply_activation_checkpointing": "afcdf89bf44ad4bf",
     "torch.utils.cpp_extension._get_build_directory": "878defeb0621e3ef",
     "torch.cuda.memory._set_allocator_settings": "88de771c75b87a1c",
+    "torch._C._accelerator_getAllocatorSettings": "a C function",
+    "lightning.pytorch.trainer.trainer.Trainer.strategy": "63bfbecf09333d02",
     "torch._subclasses.fake_tensor.FakeTensorMode": "a3988233f391e892",
     "torch.nn.Module._apply": "e50d01ca9c5c9b60",
     "torch.optim.lr_scheduler.LRScheduler.__init__": "b9c01b4cebb2f2f9",
@@ -97,7 +99,7 @@ def fingerprint(path: str) -> str:
 
 
 def needs(path: str) -> list[Any]:
-    if path == "torch._C._host_emptyCache":  # a C function of CUDA builds without a public twin: no source to read
+    if path in ("torch._C._host_emptyCache", "torch._C._accelerator_getAllocatorSettings"):  # C: no source to read
         return [pytest.mark.skip(reason="a C function: checked by the GPU benchmarks' zero_auto runs")]
     return [RunIf(fairscale=True)] if path.startswith("fairscale.") else []
 

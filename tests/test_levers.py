@@ -224,3 +224,113 @@ def _fit_cuda(strategy: Any) -> Regressor:
         enable_progress_bar=False,
     ).fit(module, _loader())
     return module
+
+
+# zero_auto's one-card candidates
+
+
+def _plan_row(layout: Any, max_micro_batch: int) -> Any:
+    from lightning_zero.auto.plan import PlanRow
+    from lightning_zero.memory.states import ModelStates
+
+    states = ModelStates(local_parameters=1, optimizer_state=2, device_bytes=0, host_bytes=0, deepspeed_estimate=False)
+    return PlanRow(layout, states, 0, 1, max_micro_batch, fits=max_micro_batch > 0)
+
+
+def test_one_card_candidates_take_each_lever_set_at_its_least_saving_variant_that_fits_a_whole_step() -> None:
+    from lightning_zero.auto.plan import candidate_layouts
+    from lightning_zero.auto.search import OneCardRules, candidates
+
+    fits = {"onecard_step_in_backward+ckpt": 16, "onecard_step_in_backward+ckpt+act_offload": 64}
+    fits |= {"onecard_offload": 16, "onecard_adamw8bit+ckpt+act_offload": 32, "onecard_adamw8bit+ckpt": 8}
+    fits |= {"zero2_offload": 16}
+    rows = [_plan_row(layout, fits.get(layout.name, 0)) for layout in candidate_layouts()]
+
+    def names(rules: OneCardRules | None, world_size: int = 1, global_batch: int | str = 16) -> list[str]:
+        found = candidates(rows, world_size, global_batch, 10**6, True, max_trials=4, onecard=rules)
+        return [c.name for c in found]
+
+    exact = OneCardRules(on_cuda=True, approximate=False, precision="bf16-mixed")
+    assert names(exact) == ["onecard_step_in_backward+ckpt 16x1", "onecard_offload 16x1", "zero2_offload 16x1 pinned"]
+    approximate = OneCardRules(on_cuda=True, approximate=True, precision="bf16-true")
+    assert "onecard_adamw8bit+ckpt+act_offload 16x1 ~" in names(approximate)  # 8 samples would need accumulation
+    assert names(OneCardRules(on_cuda=False, approximate=False, precision="32-true"))[:1] == [
+        "onecard_step_in_backward+ckpt 16x1"  # torchao's CPUOffloadOptimizer is for CUDA only
+    ]
+    assert names(OneCardRules(on_cuda=True, approximate=True, precision="16-mixed")) == ["zero2_offload 16x1 pinned"]
+    assert names(exact, world_size=2) == names(None, world_size=2) == ["zero2_offload 8x1 pinned"]
+    assert names(exact, global_batch="max")[0] == "onecard_step_in_backward+ckpt 16x1"  # its own largest
+
+
+def test_one_card_model_states_free_each_gradient_and_move_the_optimizer_as_the_levers_say() -> None:
+    from lightning_zero.memory.states import Layout, ParameterShapes, model_states
+
+    shapes = ParameterShapes(shapes=((1000, 1000),), largest_layer=10**6)
+    n = 10**6
+
+    def states(precision: str, **levers: Any) -> tuple[int, int]:
+        found = model_states(shapes, Layout("onecard", 0, **levers), devices=1, precision=precision)
+        return found.device_bytes, found.host_bytes
+
+    assert states("32-true") == (4 * n + 4 * n + 8 * n, 0)  # parameters, gradients, two fp32 Adam states
+    assert states("bf16-true", optimizer_in_backward=True) == (2 * n + 2 * n + 4 * n, 0)  # one layer's gradient
+    assert states("bf16-mixed", offload_optimizer=True) == (4 * n + 4 * n, 8 * n + 2 * 4 * n)
+    assert states("bf16-true", optimizer_in_backward=True, low_memory_optimizer="adamw8bit") == (6 * n, 0)
+
+
+def test_a_one_card_layout_is_named_after_its_preset_and_runs_as_its_config() -> None:
+    from lightning_zero.auto.search import Candidate
+    from lightning_zero.auto.strategy import AutoZeroConfig, candidate_onecard
+    from lightning_zero.memory.states import Layout
+
+    layout = Layout("onecard", 0, optimizer_in_backward=True, low_memory_optimizer="adamw8bit")
+    offloaded = Layout("onecard", 0, offload_optimizer=True, activation_checkpointing=True, activation_offload=True)
+    assert (layout.name, offloaded.name) == ("onecard_adamw8bit", "onecard_offload+ckpt+act_offload")
+    candidate = Candidate(offloaded, micro_batch=16, accumulation=1, pin_memory=False, bucket_size=0)
+    config = candidate_onecard(AutoZeroConfig(memory_budget_gib=24, expandable_segments=False), candidate)
+    assert config == OneCardConfig(
+        offload_optimizer="cpu",
+        activation_checkpointing=True,
+        activation_offload=True,
+        memory_budget_gib=24,
+        expandable_segments=False,
+    )
+    approximate = Candidate(layout, micro_batch=16, accumulation=1, pin_memory=False, bucket_size=0)
+    with pytest.raises(ZeroConfigError, match="only with `approximate: true`"):
+        candidate_onecard(AutoZeroConfig(), approximate)
+    assert candidate_onecard(AutoZeroConfig(approximate=True), approximate).low_memory_optimizer == "adamw8bit"
+
+
+@pytest.fixture(scope="module")
+def auto_on_one_card(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]:
+    import json
+    from pathlib import Path
+
+    from tests.helpers.launch import run_script
+
+    out = tmp_path_factory.mktemp("onecard_auto")
+    run_script(Path(__file__).parent / "helpers" / "onecard_auto_run.py", str(out), timeout=400)
+    return {name: json.loads((out / f"{name}.json").read_text()) for name in ("search", "cached", "plain")}
+
+
+@pytest.mark.multiprocess
+def test_zero_auto_times_the_one_card_levers_beside_deepspeed_and_trains_with_the_fastest(
+    auto_on_one_card: dict[str, dict[str, Any]],
+) -> None:
+    searched = auto_on_one_card["search"]
+    tried = {name: (fits, rate) for name, fits, rate, _ in searched["tried"]}
+    assert tried["onecard_step_in_backward 4x1"][0] and tried["zero2 4x1"][0], searched["tried"]
+    assert searched["chosen"] == max(tried, key=lambda name: tried[name][1])
+    handed_over = searched["chosen"].startswith("onecard")
+    assert searched["trained_by"] == ("ChosenOneCard" if handed_over else "ZeroAutoStrategy")
+    assert len(searched["losses"]) == 4 and searched["hooks_left"] == 0
+
+
+@pytest.mark.multiprocess
+def test_a_run_handed_to_a_one_card_lever_trains_as_that_preset_by_name(
+    auto_on_one_card: dict[str, dict[str, Any]],
+) -> None:
+    cached, plain = auto_on_one_card["cached"], auto_on_one_card["plain"]
+    assert cached["from_cache"] and cached["trained_by"] == "ChosenOneCard" and plain["trained_by"] == "OneCardStrategy"
+    assert cached["losses"] == plain["losses"] and cached["weights"] == plain["weights"]  # the same steps, bit for bit
+    assert not cached["process_group_left"] and cached["hooks_left"] == 0  # the trials' DeepSpeed world ended

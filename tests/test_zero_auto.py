@@ -12,7 +12,6 @@ import lightning as L
 import pytest
 import torch
 
-from lightning_zero.auto.allocator import use_expandable_segments
 from lightning_zero.auto.cache import read_cache, write_cache
 from lightning_zero.auto.plan import PlanRow
 from lightning_zero.auto.search import (
@@ -334,16 +333,6 @@ def test_zero_auto_is_a_registered_preset() -> None:
     for ratio in ({**offloaded, "offload_ratio": 0.5}, {"offload_ratio": 0.5}):
         with pytest.raises(ZeroConfigError, match=r"^`zero_auto` chooses the offload ratio itself"):
             ZeroAutoStrategy(zero=ratio)
-
-
-def test_expandable_segments_are_switched_on_for_cuda_only(monkeypatch: pytest.MonkeyPatch) -> None:
-    settings: list[str] = []
-    monkeypatch.setattr(torch.cuda.memory, "_set_allocator_settings", settings.append)
-    use_expandable_segments(torch.device("cpu"))
-    assert settings == []
-    use_expandable_segments(torch.device("cuda", 0))
-    assert settings == ["expandable_segments:True"]
-    assert AutoZeroConfig().expandable_segments and not AutoZeroConfig(expandable_segments=False).expandable_segments
 
 
 @pytest.fixture(scope="module")

@@ -1,9 +1,9 @@
 """What each layout would need per device and per host, and the largest micro-batch it fits.
 
-For every candidate layout (DDP; DeepSpeed ZeRO-1/2/3 with each offload variant, including a partial optimizer
-offload at stage 3; FairScale; FSDP2; each with and without activation checkpointing) the table gives the model
-states per device and per host (:mod:`lightning_zero.memory.states`), the activation bytes per sample measured
-by a short real probe of the configured model on a batch of the configured data
+For every candidate layout (:func:`candidate_layouts`: DDP, every preset's layout, DeepSpeed's optimizer offloads
+between presets; each with and without activation checkpointing, the one-card ones also with activation offload)
+the table gives the model states per device and per host (:mod:`lightning_zero.memory.states`), the activation
+bytes per sample measured by a short real probe of the configured model on a batch of the configured data
 (:mod:`lightning_zero.memory.probe`), the predicted largest micro-batch within the budget, and whether the
 configured micro-batch fits.
 
@@ -14,11 +14,11 @@ command, which builds a YAML config's model and data first, is :mod:`lightning_z
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from lightning_zero.memory.budget import GIB
 from lightning_zero.memory.probe import ActivationProbe
-from lightning_zero.memory.states import Layout, ModelStates, ParameterShapes, Precision, model_states
+from lightning_zero.memory.states import Layout, ModelStates, ParameterShapes, Precision, model_states, preset_layouts
 from lightning_zero.strategies.deepspeed_config import PREFETCH_BUCKET, REDUCE_BUCKET
 
 #: Share of the budget kept free for allocator fragmentation and framework workspaces.
@@ -27,24 +27,32 @@ PARTIAL_OFFLOAD_RATIO = 0.5
 
 
 def candidate_layouts(partial_ratio: float = PARTIAL_OFFLOAD_RATIO) -> list[Layout]:
-    """Every layout the plan considers, least memory-saving first, each without and with checkpointing."""
-    base = [
-        Layout("ddp", 0),
-        Layout("deepspeed", 1),
-        Layout("deepspeed", 2),
-        Layout("deepspeed", 3),
+    """Every layout the plan considers, each without and with checkpointing: DDP, every preset's layout (the preset
+    table's; NVMe planned as CPU offload), and DeepSpeed's optimizer offloads between presets (at stage 1, and at
+    stage 3 with the parameters kept on the device, whole and in part); the one-card layouts also with checkpointed
+    activations offloaded. Least memory-saving first within each backend."""
+    presets = [layout for _, layout in preset_layouts()]
+    between = [
         Layout("deepspeed", 1, offload_optimizer=True),
-        Layout("deepspeed", 2, offload_optimizer=True),
         Layout("deepspeed", 3, offload_optimizer=True, offload_ratio=partial_ratio),
         Layout("deepspeed", 3, offload_optimizer=True),
-        Layout("deepspeed", 3, offload_optimizer=True, offload_parameters=True),
-        Layout("fairscale", 1),
-        Layout("fairscale", 2),
-        Layout("fsdp2", 2),
-        Layout("fsdp2", 3),
-        Layout("fsdp2", 3, offload_optimizer=True, offload_parameters=True),
     ]
-    return [Layout(**{**vars(layout), "activation_checkpointing": ckpt}) for layout in base for ckpt in (False, True)]
+    unique = list(dict.fromkeys([Layout("ddp", 0), *presets, *between]))
+    unique.sort(key=lambda layout: (_BACKEND_ORDER.index(layout.backend), _memory_saving(layout)))
+    variants = []
+    for layout in unique:
+        for ckpt in (False, True):
+            offloads = (False, True) if layout.backend == "onecard" and ckpt else (False,)
+            variants += [replace(layout, activation_checkpointing=ckpt, activation_offload=act) for act in offloads]
+    return variants
+
+
+_BACKEND_ORDER = ("ddp", "deepspeed", "fairscale", "fsdp2", "onecard")
+
+
+def _memory_saving(layout: Layout) -> tuple[int, int, float, int]:
+    offload = int(layout.offload_optimizer) + int(layout.offload_parameters)
+    return offload, layout.stage, layout.offload_ratio, int(layout.approximate)
 
 
 def buffer_bytes(shapes: ParameterShapes, layout: Layout, precision: str) -> int:
@@ -58,6 +66,16 @@ def buffer_bytes(shapes: ParameterShapes, layout: Layout, precision: str) -> int
     if layout.backend == "fsdp2":
         return 2 * shapes.largest_layer * element.parameter
     return 0
+
+
+def device_activations(probe: ActivationProbe, layout: Layout) -> tuple[int, int]:
+    """``(bytes per sample, fixed bytes)`` of activations on the device under ``layout``. Offloaded activations
+    leave none per sample there (what a block's recompute or its transients need is the trial's to measure)."""
+    ckpt = layout.activation_checkpointing
+    fixed = probe.fixed_checkpointed if ckpt else probe.fixed
+    if layout.activation_offload:
+        return 0, fixed
+    return (probe.per_sample_checkpointed if ckpt else probe.per_sample), fixed
 
 
 @dataclass(frozen=True)
@@ -95,9 +113,7 @@ def make_plan(
     for layout in layouts if layouts is not None else candidate_layouts():
         states = model_states(shapes, layout, devices, nodes, precision)
         buffers = buffer_bytes(shapes, layout, precision)
-        ckpt = layout.activation_checkpointing
-        per_sample = probe.per_sample_checkpointed if ckpt else probe.per_sample
-        fixed = probe.fixed_checkpointed if ckpt else probe.fixed
+        per_sample, fixed = device_activations(probe, layout)
         largest = max_micro_batch(usable - states.device_bytes - buffers - fixed, per_sample)
         rows.append(PlanRow(layout, states, buffers, per_sample, largest, fits=largest >= micro_batch))
     return rows

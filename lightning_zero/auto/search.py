@@ -1,10 +1,12 @@
 """What ``zero_auto`` tries and how it chooses: pure functions of the plan and of measured trial steps.
 
-Candidates come from the plan's DeepSpeed rows that fit the budget. With a fixed global batch each candidate
+Candidates come from the plan's DeepSpeed rows that fit the budget, and on one device from its one-card rows
+(:func:`onecard_candidates`). With a fixed global batch each candidate
 gets the largest micro-batch that divides the per-device batch and fits, and the accumulation that keeps the
 global batch; with ``batch_size: max`` it gets the largest micro-batch that fits. Offload candidates use pinned
 host buffers on CUDA. What did not fit (the plan was optimistic) is tried again at a smaller micro-batch
-(:func:`retries`).
+(:func:`retries`); a trial whose peak leaves less of the budget free than :data:`TRIAL_MARGIN` does not count as
+fitting (:func:`judge`).
 The approximate levers (:data:`APPROXIMATE_LEVERS`) are tried only when asked (:func:`approximate_levers`): each
 offload candidate is then followed by its variants with each lever that applies (:func:`with_levers`), beyond
 ``max_trials``. :func:`choose` takes the highest samples/s among the trials that fitted, ties going to the earlier
@@ -32,6 +34,11 @@ APPROXIMATE_LEVERS = (BF16_STATES, ZENFLOW)
 LEVER_TAGS = {BF16_STATES: "~bf16-states", ZENFLOW: "~zenflow"}
 #: Buckets are whole multiples of this many elements: no larger than the model (less buffer memory), and even.
 BUCKET_GRANULE = 2**20
+#: Share of the budget a trial's peak allocated memory must leave free, for what the run adds to it (its loop and
+#: batches) and the allocator's page rounding.
+TRIAL_MARGIN = 0.02
+#: A trial over that margin is tried again at most this share of its micro-batch.
+RETRY_STEP = 0.9
 
 
 @dataclass(frozen=True)
@@ -48,12 +55,12 @@ class Candidate:
 
     @property
     def approximate(self) -> bool:
-        return bool(self.lever)
+        return bool(self.lever) or self.layout.approximate
 
     @property
     def name(self) -> str:
         pinned = " pinned" if self.pin_memory else ""
-        tag = f" {LEVER_TAGS[self.lever]}" if self.lever else ""
+        tag = f" {LEVER_TAGS[self.lever]}" if self.lever else " ~" if self.layout.approximate else ""
         return f"{self.layout.name} {self.micro_batch}x{self.accumulation}{pinned}{tag}"
 
 
@@ -80,11 +87,13 @@ def largest_divisor_at_most(value: int, limit: int) -> int:
     return max((d for d in range(1, min(value, limit) + 1) if value % d == 0), default=0)
 
 
-def _prior(row: PlanRow, micro: int) -> tuple[int, int, int, int]:
+def _prior(row: PlanRow, micro: int) -> tuple[int, int, int, int, int]:
     """Order of trial: no offload first, then larger micro-batches, no checkpointing, stage 2 before 1 and 3."""
     layout = row.layout
     offload = int(layout.offload_optimizer) + int(layout.offload_parameters) + int(layout.offload_ratio < 1.0)
-    return (offload, -micro, int(layout.activation_checkpointing), {2: 0, 1: 1, 3: 2}.get(layout.stage, 3))
+    offload += int(layout.activation_offload)
+    order = (offload, -micro, int(layout.activation_checkpointing), {2: 0, 1: 1, 3: 2}.get(layout.stage, 3))
+    return (*order, int(layout.approximate))
 
 
 def approximate_levers(approximate: bool, precision: str, cpu_adam_for_offload: bool, on_cuda: bool) -> tuple[str, ...]:
@@ -118,6 +127,16 @@ def with_levers(found: Sequence[Candidate], levers: Sequence[str]) -> list[Candi
     return ordered
 
 
+def _micro_and_accumulation(row: PlanRow, world_size: int, global_batch: int | str) -> tuple[int, int]:
+    """The largest micro-batch of ``row`` that keeps ``global_batch`` (``(0, 0)``: none), and its accumulation."""
+    if global_batch == MAX:
+        return row.max_micro_batch, 1
+    assert isinstance(global_batch, int)
+    per_device = global_batch // world_size
+    micro = largest_divisor_at_most(per_device, row.max_micro_batch)
+    return (micro, per_device // micro) if micro else (0, 0)
+
+
 def candidates(
     rows: Sequence[PlanRow],
     world_size: int,
@@ -128,33 +147,71 @@ def candidates(
     default_bucket: int = REDUCE_BUCKET,
     host_free_bytes: int | None = None,
     levers: Sequence[str] = (),
+    onecard: OneCardRules | None = None,
 ) -> list[Candidate]:
     """The first ``max_trials`` DeepSpeed candidates that the plan says fit, in trial order, each followed by its
-    variants with the approximate ``levers`` that apply (:func:`with_levers`).
+    variants with the approximate ``levers`` that apply (:func:`with_levers`); with ``onecard`` (one device), the
+    one-card candidates first (:func:`onecard_candidates`), beyond ``max_trials``.
 
     With ``host_free_bytes``, layouts whose host memory (DeepSpeed's estimate where it has one) exceeds it are
     left out: a trial that exhausts host memory is ended by the system, not by an error.
     """
     bucket = min(default_bucket, -(-max(1, total_parameters) // BUCKET_GRANULE) * BUCKET_GRANULE)
+    usable = [
+        row
+        for row in rows
+        if row.max_micro_batch >= 1 and (host_free_bytes is None or row.states.host_bytes <= host_free_bytes)
+    ]
     scored = []
-    for row in rows:
-        if row.layout.backend != "deepspeed" or row.max_micro_batch < 1:
+    for row in usable:
+        if row.layout.backend != "deepspeed":
             continue
-        if host_free_bytes is not None and row.states.host_bytes > host_free_bytes:
+        micro, accumulation = _micro_and_accumulation(row, world_size, global_batch)
+        if micro == 0:
             continue
-        if global_batch == MAX:
-            micro, accumulation = row.max_micro_batch, 1
-        else:
-            assert isinstance(global_batch, int)
-            per_device = global_batch // world_size
-            micro = largest_divisor_at_most(per_device, row.max_micro_batch)
-            if micro == 0:
-                continue
-            accumulation = per_device // micro
         pin = on_cuda and row.layout.offload_optimizer
         scored.append((_prior(row, micro), Candidate(row.layout, micro, accumulation, pin, bucket)))
     scored.sort(key=lambda item: item[0])
-    return with_levers([candidate for _, candidate in scored[:max_trials]], levers)
+    found = with_levers([candidate for _, candidate in scored[:max_trials]], levers)
+    if onecard is None or world_size != 1:
+        return found
+    return onecard_candidates(usable, global_batch, onecard, bucket) + found
+
+
+@dataclass(frozen=True)
+class OneCardRules:
+    """What the one-card candidates may use: the optimizer offload (torchao's ``CPUOffloadOptimizer``: CUDA
+    only), the low-memory optimizers (``approximate``), and whether the run's precision allows them at all (fp16's
+    loss scaling needs every gradient before any step)."""
+
+    on_cuda: bool
+    approximate: bool
+    precision: str
+
+    def allow(self, layout: Layout) -> bool:
+        if layout.backend != "onecard" or self.precision.startswith("16"):
+            return False
+        if layout.offload_optimizer and not self.on_cuda:
+            return False
+        return self.approximate or not layout.approximate
+
+
+def onecard_candidates(
+    rows: Sequence[PlanRow], global_batch: int | str, rules: OneCardRules, bucket: int
+) -> list[Candidate]:
+    """For each one-card lever set the rules allow, its least memory-saving variant (plain, then activation
+    checkpointing, then checkpointing and activation offload) that fits the whole batch of a step in one
+    micro-batch: the levers step each gradient as it completes, so nothing accumulates."""
+    chosen: dict[Layout, Candidate] = {}
+    for row in rows:
+        layout = row.layout
+        micro, accumulation = _micro_and_accumulation(row, 1, global_batch)
+        if not rules.allow(layout) or micro == 0 or accumulation != 1:
+            continue
+        bare = replace(layout, activation_checkpointing=False, activation_offload=False)
+        if bare not in chosen:
+            chosen[bare] = Candidate(layout, micro, 1, False, bucket)
+    return sorted(chosen.values(), key=lambda c: (int(c.layout.offload_optimizer), int(c.approximate)))
 
 
 def needless(candidate: Candidate, measurements: Sequence[Measurement]) -> bool:
@@ -176,6 +233,8 @@ def smaller(measurement: Measurement, keep_global_batch: bool) -> Candidate | No
     if measurement.fits:
         return None
     candidate = measurement.candidate
+    if candidate.layout.backend == "onecard" and keep_global_batch:
+        return None  # its levers do not accumulate: no smaller micro-batch keeps the global batch
     target = min(measurement.retry_at or candidate.micro_batch // 2, candidate.micro_batch - 1)
     per_step = candidate.micro_batch * candidate.accumulation
     micro = largest_divisor_at_most(per_step, target) if keep_global_batch else target
@@ -211,6 +270,21 @@ def retries(trials: Sequence[Measurement], latest: Sequence[Measurement], keep_g
         if could_win:
             again.append(retried)
     return again
+
+
+def judge(
+    candidate: Candidate, ran: bool, reason: str, peak_bytes: int, budget_bytes: float, samples_per_sec: float
+) -> Measurement:
+    """What a trial's steps say of ``candidate``: it fits when they ran and their peak left :data:`TRIAL_MARGIN` of
+    the budget free; one that ran over that margin is to be tried again at a micro-batch that scales its peak into
+    it (at most :data:`RETRY_STEP` of it), and keeps its samples/s for :func:`retries` to compare."""
+    safe = budget_bytes * (1 - TRIAL_MARGIN)
+    fits, retry_at = ran, 0
+    if ran and peak_bytes > safe:
+        fits, reason = False, f"peak {peak_bytes / 2**30:.1f} GiB, over {1 - TRIAL_MARGIN:.0%} of the budget"
+        retry_at = int(candidate.micro_batch * min(RETRY_STEP, safe / peak_bytes))
+    rate = samples_per_sec if fits or retry_at else 0.0
+    return Measurement(candidate, fits, rate, peak_bytes, "" if fits else reason or "did not fit", retry_at)
 
 
 def choose(measurements: Sequence[Measurement]) -> Measurement:

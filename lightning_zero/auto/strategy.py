@@ -29,7 +29,6 @@ from lightning.pytorch.utilities import move_data_to_device, rank_zero_info
 from lightning.pytorch.utilities.parsing import lightning_hasattr, lightning_setattr
 from torch import nn
 
-from lightning_zero.auto.allocator import restore_fixed_segments, use_expandable_segments
 from lightning_zero.auto.cache import cached_choice, choice_key, package_versions, store_choice
 from lightning_zero.auto.plan import PlanRow, candidate_layouts, make_plan
 from lightning_zero.auto.search import (
@@ -39,18 +38,30 @@ from lightning_zero.auto.search import (
     ZENFLOW,
     Candidate,
     Measurement,
+    OneCardRules,
     approximate_levers,
     candidate_from_dict,
     candidate_to_dict,
     candidates,
     choose,
     format_trials,
+    judge,
     needless,
     retries,
 )
-from lightning_zero.auto.trials import StepPlan, TrialRefused, copy_of, give_back_memory, run_trial
+from lightning_zero.auto.trials import (
+    OneCardSteps,
+    StepPlan,
+    TrialRefused,
+    TrialSteps,
+    copy_of,
+    engine_steps,
+    give_back_memory,
+    run_trial,
+)
 from lightning_zero.errors import ZeroConfigError
-from lightning_zero.internals import abstract_tensors
+from lightning_zero.internals import abstract_tensors, hand_over_strategy
+from lightning_zero.memory.allocator import restore_allocator, use_expandable_segments
 from lightning_zero.memory.budget import GIB
 from lightning_zero.memory.probe import SavedLines, probe_activations, saved_bytes_lines
 from lightning_zero.memory.states import ParameterShapes
@@ -60,14 +71,11 @@ from lightning_zero.runtime.blocks import prepare_blocks
 from lightning_zero.strategies.deepspeed import ZeroStrategy, engine_optimizer
 from lightning_zero.strategies.deepspeed_config import DeepSpeedZeroConfig, TrainerValues
 from lightning_zero.strategies.deepspeed_settings import DeepSpeedSettings
+from lightning_zero.strategies.onecard import OneCardStrategy, lever_optimizer, precision_plugin, saved_tensors_context
+from lightning_zero.strategies.onecard_config import OneCardConfig
 
 #: Rounds of trying again at a smaller micro-batch (:func:`~lightning_zero.auto.search.retries`).
 RETRY_ROUNDS = 2
-#: Share of the budget a trial's peak allocated memory must leave free, for what the run adds to it (its loop and
-#: batches) and the allocator's page rounding.
-TRIAL_MARGIN = 0.02
-#: A trial over that margin is tried again at most this share of its micro-batch.
-RETRY_STEP = 0.9
 
 
 @dataclasses.dataclass(frozen=True)
@@ -88,9 +96,10 @@ class AutoZeroConfig(DeepSpeedZeroConfig):
             does not fragment beyond what its trials measured. Off: the allocator is left as it is, and a choice
             near the budget can run out of memory in a later step of the run.
         approximate: Also try the levers that change what training computes, not only how fast: bf16 optimizer
-            states under optimizer offload (bf16 runs only) and DeepSpeed's ZenFlow at stages 1-2 (no gradient
-            accumulation). Each offload candidate is then also timed with each that applies; the trials' table
-            tags those rows ``~``. Off: exact Adam only.
+            states under optimizer offload (bf16 runs only), DeepSpeed's ZenFlow at stages 1-2 (no gradient
+            accumulation), and on one device torchao's 8-bit AdamW stepped in backward (``onecard_adamw8bit``).
+            Each offload candidate is then also timed with each that applies; the trials' table tags those rows
+            ``~``. Off: exact Adam only.
     """
 
     batch_size: int | str | None = None
@@ -149,8 +158,35 @@ def trial_settings(base: AutoZeroConfig, candidate: Candidate, values: TrainerVa
     return DeepSpeedSettings.from_zero(candidate_zero(base, candidate)).with_trainer(values)
 
 
+def candidate_onecard(base: AutoZeroConfig, candidate: Candidate) -> OneCardConfig:
+    """The one-card settings of a run of ``candidate`` (a one-card layout): its levers, ``base``'s budget, allocator
+    setting and block compilation."""
+    layout = candidate.layout
+    if layout.approximate and not base.approximate:
+        raise ZeroConfigError(f"`{layout.name}` is approximate: zero_auto tries it only with `approximate: true`.")
+    fields = {key: value for key, value in layout.config_fields().items() if key != "offload_ratio"}
+    return OneCardConfig(
+        **fields,
+        memory_budget_gib=base.memory_budget_gib,
+        expandable_segments=base.expandable_segments,
+        approximate=layout.approximate,
+    )
+
+
+class ChosenOneCard(OneCardStrategy):
+    """The one-card strategy ``zero_auto`` hands its run to once a one-card candidate won. Lightning restores a
+    checkpoint's weights before a single-device strategy's setup, but that point passed under ``zero_auto``'s
+    DeepSpeed strategy, which restores after: so does this one."""
+
+    @property
+    def restore_checkpoint_after_setup(self) -> bool:
+        return True
+
+
 class ZeroAutoStrategy(ZeroStrategy):
-    """DeepSpeed ZeRO with stage, offload, checkpointing, micro-batch and buffers chosen by measurement.
+    """DeepSpeed ZeRO with stage, offload, checkpointing, micro-batch and buffers chosen by measurement; on one
+    device the one-card levers are candidates too, and when one wins the run goes on under it
+    (:class:`ChosenOneCard`, in :attr:`handed_over_to`).
 
     Args:
         zero: An :class:`AutoZeroConfig` or a mapping of its fields.
@@ -167,16 +203,15 @@ class ZeroAutoStrategy(ZeroStrategy):
         self.trials: list[Measurement] = []
         self.plan_rows: list[PlanRow] = []
         self.from_cache = False
-        self._expanded_segments = False
+        self.handed_over_to: OneCardStrategy | None = None
+        self._allocator_before: str | None = None
 
     def setup(self, trainer: Any) -> None:
         assert self.lightning_module is not None
         if self.auto.expandable_segments:
-            self._expanded_segments = use_expandable_segments(self.root_device)
+            self._allocator_before = use_expandable_segments(self.root_device, "zero_auto")
         first_batch = _first_batch(trainer, self.lightning_module)
         candidate = self.search(trainer, first_batch)
-        # Lightning may have resolved the config already (``configure_model`` asks for it): resolve this one.
-        self.settings = trial_settings(self._base(), candidate, self._candidate_values(trainer, candidate))
         if candidate.micro_batch != samples_in(first_batch):
             if not lightning_hasattr(self.lightning_module, self.auto.batch_arg_name):
                 raise ZeroConfigError(
@@ -187,13 +222,38 @@ class ZeroAutoStrategy(ZeroStrategy):
         trainer.accumulate_grad_batches = candidate.accumulation
         self.chosen = candidate
         rank_zero_info(f"zero_auto chose {candidate.name}.")
+        if candidate.layout.backend == "onecard":
+            self._hand_over(trainer, candidate)
+            return
+        # Lightning may have resolved the config already (``configure_model`` asks for it): resolve this one.
+        self.settings = trial_settings(self._base(), candidate, self._candidate_values(trainer, candidate))
         super().setup(trainer)
 
     def teardown(self) -> None:
         super().teardown()
-        if self._expanded_segments:
-            restore_fixed_segments()
-            self._expanded_segments = False
+        if self._allocator_before is not None:
+            restore_allocator(self._allocator_before)
+            self._allocator_before = None
+
+    def _hand_over(self, trainer: Any, candidate: Candidate) -> None:
+        """Go on with the run under the one-card strategy of ``candidate``: Lightning fixes a Trainer's strategy
+        before the model exists, and only trials of the model say which wins. This strategy ends first as after a
+        run (its rank watchdog, its allocator setting, DeepSpeed's world of one that the trials used)."""
+        module = self.lightning_module
+        assert module is not None
+        self.teardown()
+        self.end_process_groups()
+        chosen = ChosenOneCard(
+            candidate_onecard(self._base(), candidate),
+            device=self.root_device,
+            accelerator=self.accelerator,
+            precision_plugin=precision_plugin(str(self.precision_plugin.precision), self.root_device),
+        )
+        chosen.connect(module)
+        hand_over_strategy(trainer, chosen)
+        self.handed_over_to = chosen
+        chosen.setup_environment()
+        chosen.setup(trainer)
 
     def _base(self) -> AutoZeroConfig:
         return self.auto.replace(memory_budget_gib=self._budget_gib())
@@ -269,7 +329,8 @@ class ZeroAutoStrategy(ZeroStrategy):
             give_back_memory(self.root_device)
         else:
             probe = probe_activations(module, training_loss(module), batch, precision, self.root_device)
-        layouts = [layout for layout in candidate_layouts() if layout.backend == "deepspeed"]
+        backends = ("deepspeed", "onecard") if self.world_size == 1 else ("deepspeed",)
+        layouts = [layout for layout in candidate_layouts() if layout.backend in backends]
         rows = make_plan(shapes, probe, self._budget_gib(), self.num_processes, self.num_nodes, precision, 1, layouts)
         self.plan_rows = rows
         rows = [
@@ -287,10 +348,11 @@ class ZeroAutoStrategy(ZeroStrategy):
             levers=approximate_levers(
                 self.auto.approximate, precision, self.auto.cpu_adam_for_offload, self.root_device.type == "cuda"
             ),
+            onecard=OneCardRules(self.root_device.type == "cuda", self.auto.approximate, precision),
         )
         fitting = sum(row.max_micro_batch >= 1 for row in rows)
         rank_zero_info(
-            f"zero_auto: the plan fits {fitting} of {len(rows)} DeepSpeed layouts in {self._budget_gib():g} GiB;"
+            f"zero_auto: the plan fits {fitting} of {len(rows)} layouts in {self._budget_gib():g} GiB;"
             f" timing {len(found)} (no offload first, then larger micro-batches)."
         )
         return found
@@ -309,11 +371,26 @@ class ZeroAutoStrategy(ZeroStrategy):
     def measure(self, trainer: Any, module: LightningModule, batch: Any, candidate: Candidate) -> Measurement:
         """Time ``trial_steps`` optimizer steps of ``candidate`` on a copy of ``module``; collective on all ranks.
 
-        The copy is prepared, its optimizer built and its engine initialised by the functions the run uses
-        (``prepare_blocks``, ``engine_optimizer``, ``initialize_engine``), from the config a run of ``candidate``
-        has (:func:`trial_settings`).
+        The copy is prepared and its optimizer built by the functions the run uses (``prepare_blocks``, and
+        ``engine_optimizer`` with ``initialize_engine`` under DeepSpeed, ``lever_optimizer`` on one card), from the
+        config a run of ``candidate`` has.
         """
         rank_zero_info(f"zero_auto: timing {candidate.name} ...")  # a run ended mid-trial says which one
+        onecard = candidate.layout.backend == "onecard"
+        opener = self._onecard_steps if onecard else self._engine_steps
+        steps = StepPlan(candidate.accumulation, self.auto.warmup_steps, self.auto.trial_steps)
+        # The whole process's peak counts: memory earlier trials left allocated will be there in the run too.
+        self._reset_peak()
+        outcome = run_trial(opener(trainer, module, batch, candidate), steps, self.root_device)
+        peak = self._peak_allocated()
+        ran = self.reduce_boolean_decision(outcome.ran, all=True)
+        samples_seen = candidate.micro_batch * candidate.accumulation * self.world_size * outcome.steps
+        rate = float(self.broadcast(samples_seen / outcome.seconds if outcome.seconds > 0 else 0.0))
+        return judge(candidate, ran, outcome.reason, peak, self._budget_gib() * GIB, rate)
+
+    def _engine_steps(
+        self, trainer: Any, module: LightningModule, batch: Any, candidate: Candidate
+    ) -> Callable[[], TrialSteps]:
         settings = trial_settings(self._base(), candidate, self._candidate_values(trainer, candidate))
         zero = settings.zero
 
@@ -322,25 +399,37 @@ class ZeroAutoStrategy(ZeroStrategy):
             prepare_blocks(trial, zero.activation_checkpointing, zero.compile_blocks)
             # Lightning steps the scheduler, never the engine (it takes it off the run's engine): none here.
             optimizer, _ = engine_optimizer(trial, zero)
-            if candidate.approximate and not _is_deepspeed_cpu_adam(optimizer):
+            if candidate.lever and not _is_deepspeed_cpu_adam(optimizer):
                 raise TrialRefused("needs a plain torch Adam/AdamW from `configure_optimizers`")
             return trial, optimizer
 
         samples = self.precision_plugin.convert_input(take_samples(batch, candidate.micro_batch))
-        steps = StepPlan(candidate.accumulation, self.auto.warmup_steps, self.auto.trial_steps)
-        # The whole process's peak counts: memory earlier trials left allocated will be there in the run too.
-        self._reset_peak()
-        outcome = run_trial(build, settings.deepspeed_dict(), self._device_rank, samples, steps, self.root_device)
-        ok, reason, seconds = outcome.ran, outcome.reason, outcome.seconds
-        peak = self._peak_allocated()
-        ok = self.reduce_boolean_decision(ok, all=True)
-        safe, retry_at = self._budget_gib() * GIB * (1 - TRIAL_MARGIN), 0
-        if ok and peak > safe:
-            ok, reason = False, f"peak {peak / GIB:.1f} GiB, over {1 - TRIAL_MARGIN:.0%} of the budget"
-            retry_at = int(candidate.micro_batch * min(RETRY_STEP, safe / peak))
-        samples_seen = candidate.micro_batch * candidate.accumulation * self.world_size * outcome.steps
-        rate = float(self.broadcast(samples_seen / seconds if (ok or retry_at) and seconds > 0 else 0.0))
-        return Measurement(candidate, ok, rate, peak, reason="" if ok else reason or "did not fit", retry_at=retry_at)
+        return engine_steps(build, settings.deepspeed_dict(), self._device_rank, samples, candidate.accumulation)
+
+    def _onecard_steps(
+        self, trainer: Any, module: LightningModule, batch: Any, candidate: Candidate
+    ) -> Callable[[], TrialSteps]:
+        config = candidate_onecard(self._base(), candidate)
+        precision = str(self.precision_plugin.precision)
+        plugin = precision_plugin(precision, self.root_device)
+        samples = plugin.convert_input(take_samples(batch, candidate.micro_batch))
+        dtype = half_dtype(precision) if precision.endswith("-true") else None
+
+        @contextlib.contextmanager
+        def forward() -> Iterator[None]:
+            with plugin.train_step_context(), saved_tensors_context(config, self.root_device):
+                yield
+
+        def open_steps() -> TrialSteps:
+            trial = copy_of(module, trainer, dtype, self.root_device)
+            prepare_blocks(trial, config.activation_checkpointing, config.compile_blocks)
+            try:
+                optimizer = lever_optimizer(trial, config)
+            except ZeroConfigError as refused:
+                raise TrialRefused(str(refused)) from None
+            return OneCardSteps(trial, optimizer, samples, forward)
+
+        return open_steps
 
     def _candidate_values(self, trainer: Any, candidate: Candidate) -> TrainerValues:
         return TrainerValues(

@@ -8,6 +8,7 @@ memory adds up and the host's out-of-memory killer ends the search, or the run f
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import ctypes
 import ctypes.util
@@ -15,7 +16,7 @@ import gc
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 from lightning.pytorch import LightningModule
@@ -24,6 +25,7 @@ from torch import nn
 from lightning_zero.internals import empty_pinned_host_cache
 from lightning_zero.runtime.batches import is_out_of_memory, training_loss
 from lightning_zero.strategies.deepspeed import forget_zero3_modules, initialize_engine
+from lightning_zero.strategies.onecard_optim import ReplacedOptimizer
 
 
 class TrialRefused(Exception):
@@ -65,7 +67,8 @@ def copy_of(
 
     def converted(tensor: torch.Tensor) -> torch.Tensor:
         target = dtype if dtype is not None and tensor.is_floating_point() else tensor.dtype
-        return tensor.detach().to(device=device or tensor.device, dtype=target)
+        # A copy even where device and dtype are the same: a trial must never step the module's own tensors.
+        return tensor.detach().to(device=device or tensor.device, dtype=target, copy=True)
 
     memo: dict[int, Any] = {id(buffer): converted(buffer) for buffer in module.buffers()}
     for parameter in module.parameters():
@@ -75,35 +78,104 @@ def copy_of(
     return duplicate
 
 
-def run_trial(
-    build: TrialBuilder,
-    ds_config: Mapping[str, Any],
-    device_rank: int,
-    samples: Any,
-    steps: StepPlan,
-    device: torch.device,
-) -> TrialOutcome:
-    """Time ``steps`` of the model and optimizer ``build`` returns under ``ds_config``; out of memory is an outcome.
+class TrialSteps(Protocol):
+    """What a trial times: one optimizer step at a time of a built model, and what it leaves to close."""
+
+    def step(self) -> None:
+        """One optimizer step, its micro-batches' forwards and backwards included."""
+
+    def skipped(self) -> int:
+        """Optimizer steps skipped so far (fp16 overflow)."""
+
+    def close(self) -> None:
+        """Release what the steps hold beyond Python's reach (engines, hooks)."""
+
+
+class EngineSteps:
+    """A DeepSpeed engine's steps over ``accumulation`` micro-batches of ``samples``."""
+
+    def __init__(self, engine: Any, trial: LightningModule, samples: Any, accumulation: int) -> None:
+        self.engine, self.trial, self.samples, self.accumulation = engine, trial, samples, accumulation
+        self.loss = training_loss(trial)
+
+    def step(self) -> None:
+        for _ in range(self.accumulation):
+            self.engine.backward(self.loss(self.samples))
+            self.engine.step()
+
+    def skipped(self) -> int:
+        return int(self.engine.skipped_steps)
+
+    def close(self) -> None:
+        self.engine.destroy()
+        forget_zero3_modules(self.trial)
+
+
+class OneCardSteps:
+    """The one-card levers' steps: the forward under the run's context (autocast, activation offload), backward
+    (which steps each parameter under ``optimizer_in_backward``), then the optimizer's step."""
+
+    def __init__(
+        self,
+        trial: LightningModule,
+        optimizer: ReplacedOptimizer,
+        samples: Any,
+        forward: Callable[[], contextlib.AbstractContextManager[Any]],
+    ) -> None:
+        self.optimizer, self.samples, self.forward = optimizer, samples, forward
+        self.loss = training_loss(trial)
+
+    def step(self) -> None:
+        with self.forward():
+            loss = self.loss(self.samples)
+        loss.backward()
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+
+    def skipped(self) -> int:
+        return 0
+
+    def close(self) -> None:
+        self.optimizer.remove_hooks()
+
+
+def engine_steps(
+    build: TrialBuilder, ds_config: Mapping[str, Any], device_rank: int, samples: Any, accumulation: int
+) -> Callable[[], TrialSteps]:
+    """How a trial opens the steps of the engine ``ds_config`` makes of what ``build`` returns."""
+
+    def open_steps() -> TrialSteps:
+        trial, optimizer = build()
+        try:
+            engine, _ = initialize_engine(trial, ds_config, device_rank, optimizer)
+        except BaseException:
+            forget_zero3_modules(trial)
+            raise
+        return EngineSteps(engine, trial, samples, accumulation)
+
+    return open_steps
+
+
+def run_trial(open_steps: Callable[[], TrialSteps], steps: StepPlan, device: torch.device) -> TrialOutcome:
+    """Time ``steps`` of what ``open_steps`` opens; out of memory is an outcome, :class:`TrialRefused` too.
 
     Everything the trial allocated is given back before this returns (:func:`give_back_memory`).
     """
 
     def timed() -> TrialOutcome:
-        # The engine, the ZeRO optimizer and the module live only in this frame: nothing of the trial outlives it.
-        trial, optimizer = build()
-        engine = None
+        # The engine, the optimizer and the module live only in this frame: nothing of the trial outlives it.
+        opened = None
         try:
-            engine, _ = initialize_engine(trial, ds_config, device_rank, optimizer)
-            seconds, counted = timed_steps(engine, training_loss(trial), samples, steps, device)
+            opened = open_steps()
+            seconds, counted = timed_steps(opened, steps, device)
             return TrialOutcome(True, seconds, counted)
         except RuntimeError as error:
             if not is_out_of_memory(error):
                 raise
             return TrialOutcome(False, reason="out of memory")
         finally:
-            if engine is not None:
-                engine.destroy()
-            forget_zero3_modules(trial)
+            if opened is not None:
+                opened.close()
 
     try:
         return timed()
@@ -113,9 +185,7 @@ def run_trial(
         give_back_memory(device)
 
 
-def timed_steps(
-    engine: Any, loss: Callable[[Any], torch.Tensor], samples: Any, steps: StepPlan, device: torch.device
-) -> tuple[float, int]:
+def timed_steps(opened: TrialSteps, steps: StepPlan, device: torch.device) -> tuple[float, int]:
     """Seconds and count of the timed optimizer steps that fp16 did not skip for overflow.
 
     A skipped step leaves out the optimizer (under offload, most of the step) and would look fast: up to three
@@ -124,12 +194,10 @@ def timed_steps(
     seconds, counted = 0.0, 0
     for step in range(steps.warmup_steps + 3 * steps.trial_steps):
         _synchronize(device)
-        start, skipped_before = time.perf_counter(), int(engine.skipped_steps)
-        for _ in range(steps.accumulation):
-            engine.backward(loss(samples))
-            engine.step()
+        start, skipped_before = time.perf_counter(), opened.skipped()
+        opened.step()
         _synchronize(device)
-        if step >= steps.warmup_steps and int(engine.skipped_steps) == skipped_before:
+        if step >= steps.warmup_steps and opened.skipped() == skipped_before:
             seconds += time.perf_counter() - start
             counted += 1
             if counted == steps.trial_steps:

@@ -24,7 +24,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from lightning_zero.precision import mixed_dtype
+from lightning_zero.precision import autocast
 from lightning_zero.runtime.batches import LossFn, take_samples
 from lightning_zero.runtime.blocks import enable_activation_checkpointing, transformer_blocks
 
@@ -111,19 +111,12 @@ class _SavedBytes:
         return self.outside + blocks, self.outside + self.block_inputs + max(self.per_block, default=0)
 
 
-def _autocast(device: torch.device, precision: str) -> contextlib.AbstractContextManager[Any]:
-    dtype = mixed_dtype(precision)
-    if dtype is None:
-        return contextlib.nullcontext()
-    return torch.autocast(device_type=device.type, dtype=dtype)
-
-
 def _saved_bytes(
     model: nn.Module, loss_fn: LossFn, batch: Any, precision: str, device: torch.device
 ) -> tuple[int, int]:
     parameters = [p.untyped_storage() for p in model.parameters()]
     counter = _SavedBytes(parameters=parameters, blocks=transformer_blocks(model))
-    with counter.recording(), _autocast(device, precision):
+    with counter.recording(), autocast(device, precision):
         loss = loss_fn(batch)
     totals = counter.totals()
     del counter  # it holds every saved storage: backward must be able to free each as it goes
@@ -151,7 +144,7 @@ def _cuda_peak(model: nn.Module, loss_fn: LossFn, batch: Any, precision: str, de
     torch.cuda.synchronize(device)
     base = torch.cuda.memory_allocated(device)
     torch.cuda.reset_peak_memory_stats(device)
-    with _autocast(device, precision):
+    with autocast(device, precision):
         loss = loss_fn(batch)
     loss.backward()
     torch.cuda.synchronize(device)

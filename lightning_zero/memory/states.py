@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from torch import nn
 
 from lightning_zero.memory.footprint import full_numel
 from lightning_zero.precision import half_dtype, mixed_dtype
+from lightning_zero.preset_table import PRESETS
 
 ADAM_STATES = 2
 FP32 = 4
@@ -25,20 +26,41 @@ _DEEPSPEED_ALIGNMENT = 2  # DeepSpeed aligns flat stage 1-2 partitions to 2 elem
 
 
 #: The fields of a backend's config that say its layout (:meth:`Layout.of`); the others say how it runs.
-LAYOUT_FIELDS = ("stage", "offload_optimizer", "offload_parameters", "offload_ratio", "activation_checkpointing")
+LAYOUT_FIELDS = (
+    "stage",
+    "offload_optimizer",
+    "offload_parameters",
+    "offload_ratio",
+    "activation_checkpointing",
+    "activation_offload",
+    "optimizer_in_backward",
+    "low_memory_optimizer",
+)
+#: The one-card fields (:class:`~lightning_zero.strategies.onecard_config.OneCardConfig`), at their defaults.
+ONECARD_DEFAULTS: dict[str, Any] = {
+    "activation_offload": False,
+    "optimizer_in_backward": False,
+    "low_memory_optimizer": "none",
+}
+#: Bytes of the two Adam states per element under each low-memory optimizer (0: the parameters' own dtype).
+LOW_MEMORY_STATE_BYTES = {"none": 0, "adamw8bit": 2, "paged_adamw8bit": 2, "adamw4bit": 1, "adamw_bf16": 4}
 
 
 @dataclass(frozen=True)
 class Layout:
-    """One way to lay out training: backend, ZeRO stage, offload targets, activation checkpointing.
+    """One way to lay out training: backend, ZeRO stage, offload targets, activation checkpointing, and the one-card
+    levers.
 
     Args:
-        backend: ``"ddp"``, ``"deepspeed"``, ``"fairscale"`` or ``"fsdp2"``.
-        stage: ZeRO stage (0 for DDP).
+        backend: ``"ddp"``, ``"deepspeed"``, ``"fairscale"``, ``"fsdp2"`` or ``"onecard"``.
+        stage: ZeRO stage (0 for DDP and one card).
         offload_optimizer: Optimizer state and step on the host.
         offload_parameters: Parameters on the host between uses (stage 3).
         offload_ratio: Share of the optimizer state offloaded (DeepSpeed stage 3 accepts less than 1).
         activation_checkpointing: Recompute block activations in backward.
+        activation_offload: Tensors saved for backward kept in host memory (one card).
+        optimizer_in_backward: Each parameter stepped as its gradient completes (one card).
+        low_memory_optimizer: AdamW with smaller states on the device (one card; approximate unless ``"none"``).
     """
 
     backend: str
@@ -47,6 +69,9 @@ class Layout:
     offload_parameters: bool = False
     offload_ratio: float = 1.0
     activation_checkpointing: bool = False
+    activation_offload: bool = False
+    optimizer_in_backward: bool = False
+    low_memory_optimizer: str = "none"
 
     @classmethod
     def of(cls, backend: str, fields: Mapping[str, Any]) -> Layout:
@@ -54,11 +79,12 @@ class Layout:
         its default). The one conversion from configs to layouts; :meth:`config_fields` is its inverse."""
         return cls(
             backend=backend,
-            stage=int(fields["stage"]),
+            stage=int(fields.get("stage", 0)),
             offload_optimizer=fields.get("offload_optimizer", "none") != "none",
             offload_parameters=fields.get("offload_parameters", "none") != "none",
             offload_ratio=float(fields.get("offload_ratio", 1.0)),
             activation_checkpointing=bool(fields.get("activation_checkpointing", False)),
+            **{name: type(default)(fields.get(name, default)) for name, default in ONECARD_DEFAULTS.items()},
         )
 
     def config_fields(self, offload_device: str = "cpu") -> dict[str, Any]:
@@ -71,24 +97,45 @@ class Layout:
         }
         if self.offload_ratio != 1.0:
             fields["offload_ratio"] = self.offload_ratio
+        fields.update((name, value) for name, value in self.onecard_fields().items() if value != ONECARD_DEFAULTS[name])
         return fields
+
+    def onecard_fields(self) -> dict[str, Any]:
+        """This layout's one-card levers, by field name."""
+        return {name: getattr(self, name) for name in ONECARD_DEFAULTS}
+
+    @property
+    def approximate(self) -> bool:
+        """Whether training under this layout does not compute exact AdamW (a low-memory optimizer)."""
+        return self.low_memory_optimizer != "none"
 
     @property
     def name(self) -> str:
-        """A short readable name, e.g. ``zero3_offload_opt0.5+ckpt``."""
-        if self.backend == "ddp":
-            base = "ddp"
-        else:
-            base = f"zero{self.stage}"
-            if self.offload_parameters:
-                base += "_offload"
-            elif self.offload_optimizer:
-                base += "_offload" if self.stage < 3 else "_offload_opt"
-                if self.offload_ratio < 1.0:
-                    base += f"{self.offload_ratio:g}"
-            if self.backend != "deepspeed":
-                base += "_fsdp" if self.backend == "fsdp2" else f"_{self.backend}"
-        return base + ("+ckpt" if self.activation_checkpointing else "")
+        """The name of the preset with this layout (:data:`~lightning_zero.preset_table.PRESETS`), then ``+ckpt``
+        and ``+act_offload`` for activation checkpointing and offload; a layout between presets (DDP, an optimizer
+        offload at stage 1, a stage-3 optimizer offload without the parameters) is named after its stage, e.g.
+        ``zero3_offload_opt0.5+ckpt``."""
+        bare = replace(self, activation_checkpointing=False, activation_offload=False)
+        base = next((name for name, layout in preset_layouts() if layout == bare), None) or _between_presets(bare)
+        return (
+            base
+            + ("+ckpt" if self.activation_checkpointing else "")
+            + ("+act_offload" if self.activation_offload else "")
+        )
+
+
+def preset_layouts() -> list[tuple[str, Layout]]:
+    """Each preset's name and layout, in table order: the presets that shard or run on one card (not ``zero_auto``),
+    NVMe offload as CPU offload's layout under its own name."""
+    return [(preset.name, Layout.of(preset.backend, preset.fields)) for preset in PRESETS if preset.backend != "auto"]
+
+
+def _between_presets(layout: Layout) -> str:
+    if layout.backend == "ddp":
+        return "ddp"
+    suffix = "_offload" if layout.stage < 3 else "_offload_opt"
+    ratio = f"{layout.offload_ratio:g}" if layout.offload_ratio < 1.0 else ""
+    return f"zero{layout.stage}{suffix}{ratio}" if layout.offload_optimizer else f"zero{layout.stage}_{layout.backend}"
 
 
 @dataclass(frozen=True)
@@ -193,6 +240,8 @@ def model_states(
     shapes: ParameterShapes, layout: Layout, devices: int, nodes: int = 1, precision: str = "32-true"
 ) -> ModelStates:
     """The model states of ``shapes`` under ``layout`` on ``nodes`` hosts of ``devices`` devices each."""
+    if layout.backend == "onecard":
+        return onecard_states(shapes, layout, precision)
     world = devices * nodes
     local, partition = partitioned_elements(shapes, layout, world)
     bytes_ = Precision.of(precision, layout.backend)
@@ -218,6 +267,31 @@ def model_states(
         device_bytes=device,
         host_bytes=host if estimate is not None else host * devices,
         deepspeed_estimate=estimate is not None,
+    )
+
+
+def onecard_states(shapes: ParameterShapes, layout: Layout, precision: str) -> ModelStates:
+    """The model states of one device without sharding under the one-card levers of ``layout``.
+
+    The parameters stay on the device in the precision's dtype. A gradient stepped in backward, or copied to the host
+    as it completes (optimizer offload), is freed at once: one layer's gradients at a time, not the model's. The Adam
+    states are in the parameters' dtype, smaller under a low-memory optimizer; offloaded, the host holds them with a
+    copy of the parameters and of the gradients (torchao's ``CPUOffloadOptimizer``).
+    """
+    total = shapes.total
+    element = Precision.of(precision, layout.backend).parameter
+    one_at_a_time = layout.optimizer_in_backward or layout.offload_optimizer
+    gradients = (shapes.largest_layer if one_at_a_time else total) * element
+    state_bytes = LOW_MEMORY_STATE_BYTES[layout.low_memory_optimizer] or ADAM_STATES * element
+    optimizer = total * state_bytes
+    device = total * element + gradients + (0 if layout.offload_optimizer else optimizer)
+    host = optimizer + 2 * total * element if layout.offload_optimizer else 0
+    return ModelStates(
+        local_parameters=total,
+        optimizer_state=ADAM_STATES * total,
+        device_bytes=device,
+        host_bytes=host,
+        deepspeed_estimate=False,
     )
 
 

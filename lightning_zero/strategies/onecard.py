@@ -8,13 +8,18 @@ built it (:func:`~lightning_zero.strategies.onecard_optim.replace_optimizer`), a
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 import torch
+from lightning.pytorch import LightningModule
+from lightning.pytorch.plugins.precision import DoublePrecision, HalfPrecision, MixedPrecision, Precision
 from lightning.pytorch.strategies import SingleDeviceStrategy
 
 from lightning_zero.errors import ZeroConfigError
+from lightning_zero.internals import init_optimizers_and_schedulers
+from lightning_zero.memory.allocator import restore_allocator, use_expandable_segments
 from lightning_zero.memory.budget import cap_device_memory
 from lightning_zero.runtime.blocks import prepare_blocks
 from lightning_zero.strategies.onecard_config import OneCardConfig
@@ -45,6 +50,7 @@ class OneCardStrategy(SingleDeviceStrategy):
     ) -> None:
         super().__init__(device=_device(device), **kwargs)
         self.zero = OneCardConfig.coerce(zero)
+        self._allocator_before: str | None = None
 
     @property
     def replaces_optimizer(self) -> bool:
@@ -58,6 +64,8 @@ class OneCardStrategy(SingleDeviceStrategy):
         assert self.model is not None
         if self.zero.memory_budget_gib is not None:
             cap_device_memory(self.root_device, self.zero.memory_budget_gib)
+        if self.zero.expandable_segments:
+            self._allocator_before = use_expandable_segments(self.root_device, "one card")
         prepare_blocks(self.model, self.zero.activation_checkpointing, self.zero.compile_blocks)
         super().setup(trainer)
 
@@ -70,9 +78,7 @@ class OneCardStrategy(SingleDeviceStrategy):
         self.optimizers = [replace_optimizer(self.optimizers[0], self.zero, offload_gradients)]
 
     def training_step(self, *args: Any, **kwargs: Any) -> Any:
-        if not self.zero.activation_offload:
-            return super().training_step(*args, **kwargs)
-        with torch.autograd.graph.save_on_cpu(pin_memory=self.root_device.type == "cuda"):
+        with saved_tensors_context(self.zero, self.root_device):
             return super().training_step(*args, **kwargs)
 
     def teardown(self) -> None:
@@ -81,7 +87,35 @@ class OneCardStrategy(SingleDeviceStrategy):
                 optimizer.remove_hooks()
         if self.zero.memory_budget_gib is not None and self.root_device.type == "cuda":
             torch.cuda.set_per_process_memory_fraction(1.0, self.root_device)  # the cap is process-wide
+        if self._allocator_before is not None:
+            restore_allocator(self._allocator_before)
+            self._allocator_before = None
         super().teardown()
+
+
+def saved_tensors_context(config: OneCardConfig, device: torch.device) -> contextlib.AbstractContextManager[Any]:
+    """Where the forward keeps what backward needs: in (pinned) host memory under ``activation_offload``."""
+    if not config.activation_offload:
+        return contextlib.nullcontext()
+    return torch.autograd.graph.save_on_cpu(pin_memory=device.type == "cuda")
+
+
+def precision_plugin(precision: str, device: torch.device) -> Precision:
+    """Lightning's precision plugin of a single-device strategy for a Trainer ``precision`` string."""
+    if precision.endswith("-mixed"):
+        return MixedPrecision(precision, device=device.type)  # type: ignore[arg-type]
+    if precision in ("16-true", "bf16-true"):
+        return HalfPrecision(precision)  # type: ignore[arg-type]
+    return DoublePrecision() if precision == "64-true" else Precision()
+
+
+def lever_optimizer(module: LightningModule, config: OneCardConfig) -> ReplacedOptimizer:
+    """The optimizer the levers of ``config`` make of ``module.configure_optimizers()``'s one optimizer, without a
+    Trainer's checks (``zero_auto``'s trials: one micro-batch a step, no clipping)."""
+    optimizers, _ = init_optimizers_and_schedulers(module)
+    if len(optimizers) != 1:
+        raise ZeroConfigError(f"The one-card levers replace one optimizer, got {len(optimizers)}.")
+    return replace_optimizer(optimizers[0], config, offload_gradients=True)
 
 
 def check_trainer_for_levers(config: OneCardConfig, trainer: pl.Trainer, optimizers: int) -> None:

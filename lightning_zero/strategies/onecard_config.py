@@ -30,6 +30,9 @@ class OneCardConfig(ZeroConfig):
         activation_offload: Keep the tensors saved for backward in (pinned) host memory during the forward
             (``torch.autograd.graph.save_on_cpu``), so a larger micro-batch fits.
         approximate: Allow the levers that do not reproduce exact AdamW (``low_memory_optimizer``).
+        expandable_segments: On CUDA, switch the caching allocator to expandable segments for the run (what
+            ``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True`` does) and give the user's setting back after: near
+            the budget, fixed segments leave gigabytes free in pieces that no allocation can use.
     """
 
     stage: int = 0
@@ -37,6 +40,7 @@ class OneCardConfig(ZeroConfig):
     low_memory_optimizer: LowMemoryOptimizer = "none"
     activation_offload: bool = False
     approximate: bool = False
+    expandable_segments: bool = True
 
     def __post_init__(self) -> None:
         super().__post_init__()
