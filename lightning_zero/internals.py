@@ -172,10 +172,11 @@ RELIED_ON: dict[str, str] = {
         " entry point and the launch)"
     ),
     "lightning.pytorch.strategies.ddp.DDPStrategy._configure_launcher": (
-        "installs that launcher for ZeroStrategy (DeepSpeedStrategy inherits it from DDPStrategy)"
+        "installs that launcher for ZeroStrategy around the _launcher it sets (DeepSpeedStrategy inherits it)"
     ),
     "lightning.pytorch.strategies.ddp.DDPStrategy.setup": (
-        "copied by FairScaleStrategy.setup: ShardedDataParallel needs the optimizers before the model is wrapped"
+        "copied by FairScaleStrategy.setup (its _layer_sync too): ShardedDataParallel needs the optimizers before "
+        "the model is wrapped"
     ),
     "lightning.pytorch.strategies.model_parallel.ModelParallelStrategy.setup": (
         "copied by FSDP2Strategy.setup: sharding in the strategy, not in the user's configure_model"
