@@ -37,8 +37,8 @@ def detect_cpu_facts(cpuinfo: Path = Path("/proc/cpuinfo")) -> CpuFacts:
     """This machine's facts: the flags of ``cpuinfo`` where it exists, and torch's cpuinfo-based checks."""
     return CpuFacts(
         flags=_cpuinfo_flags(cpuinfo),
-        torch_avx512_bf16=_torch_check("_is_avx512_bf16_supported"),
-        torch_amx=_torch_check("_is_amx_tile_supported"),
+        torch_avx512_bf16=_torch_capability("avx512_bf16"),
+        torch_amx=_torch_capability("amx_tile"),
     )
 
 
@@ -70,6 +70,8 @@ def _cpuinfo_flags(cpuinfo: Path) -> frozenset[str]:
     return frozenset(flags)
 
 
-def _torch_check(name: str) -> bool:
-    check = getattr(torch.cpu, name, None)
-    return bool(check()) if callable(check) else False
+def _torch_capability(name: str) -> bool:
+    # What torch's private `torch.cpu._is_<name>_supported` reads; a torch older than the pinned one may lack it,
+    # and then the cpuinfo flags alone decide.
+    capabilities = getattr(torch.cpu, "get_capabilities", None)
+    return bool(capabilities().get(name, False)) if callable(capabilities) else False

@@ -1,11 +1,12 @@
 """Every private part of Lightning, DeepSpeed, FairScale and torch that lightning-zero relies on, in one place.
 
 None has a public route in the versions pinned by constraints.txt. Modules import the private functions from here,
-under public names, and read private attributes through the functions here, each saying what it needs;
-:data:`RELIED_ON` also lists the private methods and attributes the strategies override, copy or read, each with why
-and the upstream issue that would end the need, and :data:`ACCESSED` names each private attribute used outside this
-module. ``tests/test_internals.py`` fingerprints the source of every entry, so an upgrade that changes one fails CI
-instead of a user's run, and fails on a private attribute used elsewhere without an entry.
+under public names, and read, write or call private attributes only through the functions here, each saying what
+it needs; :data:`RELIED_ON` lists every private object relied on, the private methods the strategies override
+among them, each with why and the upstream issue that would end the need, and :data:`FUNCTIONS` names the entries
+each function here relies on. ``tests/test_internals.py`` fingerprints the source of every entry, so an upgrade
+that changes one fails CI instead of a user's run; it fails on a private upstream attribute used anywhere else, and
+on a private upstream method overridden by any class of ours without an entry.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
 )
 
 __all__ = [
-    "ACCESSED",
+    "FUNCTIONS",
     "RELIED_ON",
     "CheckpointImpl",
     "SubprocessScriptLauncher",
@@ -36,21 +37,37 @@ __all__ = [
     "apply_activation_checkpointing",
     "attached_trainer",
     "auto_class_model_classes",
+    "auto_micro_batch_size",
+    "checkpoint_class_path",
     "checkpoint_wrapper",
+    "configure_fabric_activation_checkpointing",
     "cuda_allocator_settings",
+    "deepspeed_section_parser",
     "empty_pinned_host_cache",
     "extension_build_directory",
+    "fit_loop_loader_and_fetcher",
+    "format_fabric_config_once",
     "hand_over_strategy",
+    "init_deepspeed_config",
+    "init_deepspeed_distributed",
     "init_optimizers_and_schedulers",
+    "layer_sync",
+    "lightning_deepspeed_optimizer",
     "load_universal_checkpoint_next",
     "materialize_meta_module",
     "no_split_module_names",
+    "scheduler_state_last_lr",
     "set_cuda_allocator_settings",
+    "set_fabric_deepspeed_engine",
+    "set_fabric_world_ranks",
+    "set_parallel_sizes",
     "sharded_bucket_parameter_ids",
+    "stage_throughputs",
     "subcommand_parsers",
     "track_steps_for_scheduler",
     "unwrap_lightning_optimizer",
     "wait_for_sharded_reductions",
+    "wrap_launcher",
     "zero3_consolidated_state_dict",
     "zero3_gradient_hooks",
 ]
@@ -82,9 +99,13 @@ RELIED_ON: dict[str, str] = {
         "zero_auto gives a trial's page-locked host blocks back on torch builds without the public "
         "torch.accelerator.empty_host_cache (torch 2.11 on the GPU machines; CUDA builds only)"
     ),
-    "torch.nn.Module._apply": (
-        "tasks keep metric states in their dtype under Module.to(dtype) (TaskModule._apply, which takes them out of "
-        "_modules for the call; Lightning's own _DeviceDtypeModuleMixin overrides it the same way)"
+    "torch.nn.modules.module.Module._apply": (
+        "tasks keep metric states in their dtype under Module.to(dtype) (TaskModule._apply, which sets them to None "
+        "for the call; Lightning's own _DeviceDtypeModuleMixin overrides it the same way)"
+    ),
+    "torch.optim.lr_scheduler.LRScheduler.get_last_lr": (
+        "a scheduler's last learning rates read from its state dict (_last_lr) in a checkpoint, with no scheduler "
+        "object to ask"
     ),
     "torch.optim.lr_scheduler.LRScheduler.__init__": (
         "a scheduler re-pointed at a new optimizer wraps its step as the constructor does (_opt_called, "
@@ -121,6 +142,13 @@ RELIED_ON: dict[str, str] = {
         "replaced on CPU (its device-index check fails there): its own steps, _set_world_ranks, "
         "_init_deepspeed_distributed and the config's one _format_config (_config_initialized), in its order"
     ),
+    "lightning.fabric.strategies.deepspeed.DeepSpeedStrategy._init_deepspeed_distributed": (
+        "called by the CPU set-up, as _setup_distributed calls it (#12699)"
+    ),
+    "lightning.fabric.strategies.ddp.DDPStrategy._set_world_ranks": "as above",
+    "lightning.fabric.strategies.deepspeed.DeepSpeedStrategy._set_deepspeed_activation_checkpointing": (
+        "called after the engine is built, as setup_module_and_optimizers does"
+    ),
     "lightning.fabric.strategies.deepspeed.DeepSpeedStrategy._format_config": (
         "replaced: the config is resolved from the typed settings once the precision is known (Fabric's own "
         "sets only the micro-batch and precision blocks)"
@@ -155,17 +183,17 @@ RELIED_ON: dict[str, str] = {
         " entry point and the launch)"
     ),
     "lightning.pytorch.strategies.ddp.DDPStrategy._configure_launcher": (
-        "installs that launcher for ZeroStrategy (DeepSpeedStrategy inherits it from DDPStrategy)"
+        "installs that launcher for ZeroStrategy around the _launcher it sets (DeepSpeedStrategy inherits it)"
     ),
     "lightning.pytorch.strategies.ddp.DDPStrategy.setup": (
-        "copied by FairScaleStrategy.setup: ShardedDataParallel needs the optimizers before the model is wrapped"
+        "copied by FairScaleStrategy.setup (its _layer_sync too): ShardedDataParallel needs the optimizers before "
+        "the model is wrapped"
     ),
     "lightning.pytorch.strategies.model_parallel.ModelParallelStrategy.setup": (
         "copied by FSDP2Strategy.setup: sharding in the strategy, not in the user's configure_model"
     ),
     "lightning.pytorch.strategies.model_parallel.ModelParallelStrategy._get_process_group_backend": (
-        "gloo beside NCCL when FSDP2 offloads to CPU: its gradients' collectives run there (no public hook); "
-        "_process_group_backend is the backend the user gave"
+        "gloo beside NCCL when FSDP2 offloads to CPU: its gradients' collectives run there (no public hook)"
     ),
     "lightning.pytorch.strategies.model_parallel.ModelParallelStrategy.setup_environment": (
         "its mesh is built from _data_parallel_size and _tensor_parallel_size, which FSDP2Strategy sets to pure data "
@@ -183,6 +211,10 @@ RELIED_ON: dict[str, str] = {
     "lightning.pytorch.cli.LightningCLI._parse_ckpt_path": (
         "a checkpoint whose hyper-parameters the model config does not take is one error line, not a traceback"
     ),
+    "lightning.pytorch.core.saving._load_state": (
+        "the class a LightningCLI checkpoint records in its hyper-parameters (_class_path), read back as Lightning "
+        "reads it"
+    ),
     "lightning.pytorch.loops.fit_loop._FitLoop.setup_data": (
         "ExactResume reads _combined_loader and _data_fetcher to continue mid-epoch with a plain DataLoader "
         "(Lightning resumes mid-epoch only for stateful loaders: Lightning-AI/pytorch-lightning#19764)"
@@ -198,6 +230,11 @@ RELIED_ON: dict[str, str] = {
     "deepspeed.runtime.engine.DeepSpeedEngine.load_universal_checkpoint": (
         "switched on (_config) after the engine exists: Lightning builds the engine before it loads"
     ),
+    "deepspeed.runtime.config.DeepSpeedConfig._configure_train_batch_size": (
+        "skipped to parse one config section alone (its batch sizes checked against the world size): DeepSpeed's "
+        "parser has no per-section entry point"
+    ),
+    "deepspeed.runtime.config.DeepSpeedConfig._do_sanity_check": "as above (checks across sections)",
     # transformers, jsonargparse
     "transformers.models.auto.auto_factory._BaseAutoModelClass.from_config": (
         "the model class an auto class builds for a config (_model_mapping), to import it before zero.Init"
@@ -234,7 +271,7 @@ def cuda_allocator_settings() -> str:
     """The CUDA caching allocator's settings now (``PYTORCH_CUDA_ALLOC_CONF`` syntax; ``""``: the defaults)."""
     import torch
 
-    if hasattr(torch._C, "_accelerator_getAllocatorSettings"):  # torch 2.11 and later
+    if hasattr(torch._C, "_accelerator_getAllocatorSettings"):  # where this torch has it
         return str(torch._C._accelerator_getAllocatorSettings())
     return os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "")
 
@@ -271,49 +308,6 @@ def empty_pinned_host_cache() -> None:
 materialize_meta_module: Callable[[nn.Module, Any], None] = _materialize_distributed_module
 SubprocessScriptLauncher = _SubprocessScriptLauncher
 init_optimizers_and_schedulers = _init_optimizers_and_lr_schedulers
-
-_DS = "lightning.pytorch.strategies.deepspeed.DeepSpeedStrategy"
-_LAUNCHER = "lightning.pytorch.strategies.ddp.DDPStrategy._configure_launcher"
-_MP = "lightning.pytorch.strategies.model_parallel.ModelParallelStrategy"
-_FDS = "lightning.fabric.strategies.deepspeed.DeepSpeedStrategy"
-_FMP = "lightning.fabric.strategies.model_parallel.ModelParallelStrategy"
-
-#: ``(module, private name) -> RELIED_ON entry`` of each private attribute or method of an upstream class that a
-#: module other than this one uses: the strategies' overrides and the state of the classes they derive from.
-ACCESSED: dict[tuple[str, str], str] = {
-    ("lightning_zero.strategies.deepspeed", "_configure_launcher"): _LAUNCHER,
-    ("lightning_zero.strategies.deepspeed", "_launcher"): _LAUNCHER,
-    ("lightning_zero.strategies.deepspeed", "_init_deepspeed_distributed"): f"{_DS}._init_deepspeed_distributed",
-    ("lightning_zero.strategies.deepspeed", "_init_config_if_needed"): f"{_DS}._init_config_if_needed",
-    ("lightning_zero.strategies.deepspeed", "_auto_select_batch_size"): f"{_DS}._auto_select_batch_size",
-    ("lightning_zero.strategies.deepspeed", "_init_optimizers"): f"{_DS}._init_optimizers",
-    ("lightning_zero.fabric.deepspeed", "_setup_distributed"): f"{_FDS}._setup_distributed",
-    ("lightning_zero.fabric.deepspeed", "_set_world_ranks"): f"{_FDS}._setup_distributed",
-    ("lightning_zero.fabric.deepspeed", "_init_deepspeed_distributed"): f"{_FDS}._setup_distributed",
-    ("lightning_zero.fabric.deepspeed", "_config_initialized"): f"{_FDS}._setup_distributed",
-    ("lightning_zero.fabric.deepspeed", "_format_config"): f"{_FDS}._format_config",
-    ("lightning_zero.fabric.deepspeed", "_deepspeed_engine"): f"{_FDS}.setup_module_and_optimizers",
-    ("lightning_zero.fabric.deepspeed", "_set_deepspeed_activation_checkpointing"): (
-        f"{_FDS}.setup_module_and_optimizers"
-    ),
-    ("lightning_zero.fabric.fsdp2", "_data_parallel_size"): f"{_FMP}.setup_environment",
-    ("lightning_zero.fabric.fsdp2", "_tensor_parallel_size"): f"{_FMP}.setup_environment",
-    ("lightning_zero.strategies.fairscale", "_layer_sync"): "lightning.pytorch.strategies.ddp.DDPStrategy.setup",
-    ("lightning_zero.strategies.fsdp2", "_get_process_group_backend"): f"{_MP}._get_process_group_backend",
-    ("lightning_zero.strategies.fsdp2", "_process_group_backend"): f"{_MP}._get_process_group_backend",
-    ("lightning_zero.strategies.fsdp2", "_data_parallel_size"): f"{_MP}.setup_environment",
-    ("lightning_zero.strategies.fsdp2", "_tensor_parallel_size"): f"{_MP}.setup_environment",
-    ("lightning_zero.checkpoint.resume", "_combined_loader"): "lightning.pytorch.loops.fit_loop._FitLoop.setup_data",
-    ("lightning_zero.checkpoint.resume", "_data_fetcher"): "lightning.pytorch.loops.fit_loop._FitLoop.setup_data",
-    ("lightning_zero.app.tasks.base", "_apply"): "torch.nn.Module._apply",
-    ("lightning_zero.app.tasks.base", "_modules"): "torch.nn.Module._apply",
-    ("lightning_zero.app.tasks.classification", "_trainer"): "lightning.pytorch.core.module.LightningModule.trainer",
-    ("lightning_zero.app.tasks.seq2seq", "_trainer"): "lightning.pytorch.core.module.LightningModule.trainer",
-    ("lightning_zero.callbacks.throughput", "_throughputs"): (
-        "lightning.pytorch.callbacks.throughput_monitor.ThroughputMonitor.setup"
-    ),
-    ("lightning_zero.app.cli", "_parse_ckpt_path"): "lightning.pytorch.cli.LightningCLI._parse_ckpt_path",
-}
 
 
 def zero3_gradient_hooks(optimizer: Any) -> list[Any]:
@@ -388,3 +382,175 @@ def subcommand_parsers(parser: Any) -> list[Any]:
     """The parsers of a jsonargparse ``ArgumentParser``'s sub-commands (none if it has none)."""
     action = parser._subcommands_action
     return [] if action is None else list(action._name_parser_map.values())
+
+
+def stage_throughputs(monitor: Any) -> list[Any]:
+    """The ``Throughput`` objects a Lightning ``ThroughputMonitor`` made in its ``setup``, one per stage."""
+    return list(monitor._throughputs.values())
+
+
+def fit_loop_loader_and_fetcher(fit_loop: Any) -> tuple[Any, Any]:
+    """A fit loop's ``CombinedLoader`` of the train loaders and the data fetcher over it (``None`` before its
+    ``setup_data``)."""
+    return fit_loop._combined_loader, fit_loop._data_fetcher
+
+
+def checkpoint_class_path(hyper_parameters: Any, default: Any) -> Any:
+    """The class path that LightningCLI's instantiator records in a checkpoint's hyper-parameters, or ``default``."""
+    return hyper_parameters.get("_class_path", default)
+
+
+def scheduler_state_last_lr(state: dict[str, Any]) -> list[Any]:
+    """A learning-rate scheduler's last learning rates in its ``state_dict()`` (empty when it has none)."""
+    return list(state.get("_last_lr", []))
+
+
+def wrap_launcher(strategy: Any, wrap: Callable[[Any], Any]) -> None:
+    """Replace the launcher a Trainer strategy's ``_configure_launcher`` set by ``wrap(launcher)``."""
+    strategy._launcher = wrap(strategy._launcher)
+
+
+def init_deepspeed_distributed(strategy: Any) -> None:
+    """A DeepSpeed strategy's (Trainer's or Fabric's) process-group set-up: node environment variables and
+    ``deepspeed.init_distributed`` with the strategy's backend."""
+    strategy._init_deepspeed_distributed()
+
+
+def init_deepspeed_config(strategy: Any) -> None:
+    """Format a Trainer DeepSpeed strategy's config now (with the Trainer's values) unless it was already."""
+    strategy._init_config_if_needed()
+
+
+def auto_micro_batch_size(strategy: Any) -> int:
+    """The micro-batch size Lightning's DeepSpeed strategy gives an ``"auto"`` value: the train loader's batch
+    size, 1 when it cannot tell."""
+    size: int = strategy._auto_select_batch_size()
+    return size
+
+
+def lightning_deepspeed_optimizer(strategy: Any) -> tuple[Any, Any]:
+    """The module's one optimizer and scheduler config as Lightning's own ``DeepSpeedStrategy`` reads them (not as
+    a subclass's override of that reading does)."""
+    from lightning.pytorch.strategies import DeepSpeedStrategy
+
+    return DeepSpeedStrategy._init_optimizers(strategy)
+
+
+def layer_sync(strategy: Any) -> Any:
+    """The layer sync (``SyncBatchNorm``) the Trainer gave a parallel strategy, or ``None``."""
+    return strategy._layer_sync
+
+
+def set_parallel_sizes(strategy: Any, data_parallel: int, tensor_parallel: int) -> None:
+    """The sizes of a ``ModelParallelStrategy``'s (Trainer's or Fabric's) device mesh, read by its
+    ``setup_environment``."""
+    strategy._data_parallel_size = data_parallel
+    strategy._tensor_parallel_size = tensor_parallel
+
+
+def set_fabric_world_ranks(strategy: Any) -> None:
+    """Give a Fabric strategy's cluster environment its global rank and world size."""
+    strategy._set_world_ranks()
+
+
+def format_fabric_config_once(strategy: Any) -> None:
+    """Run a Fabric DeepSpeed strategy's ``_format_config`` unless it ran already, as its ``_setup_distributed``
+    does."""
+    if not strategy._config_initialized:
+        strategy._format_config()
+        strategy._config_initialized = True
+
+
+def set_fabric_deepspeed_engine(strategy: Any, engine: Any) -> None:
+    """Make ``engine`` a Fabric DeepSpeed strategy's engine (its ``model``), as its set-up methods do."""
+    strategy._deepspeed_engine = engine
+
+
+def configure_fabric_activation_checkpointing(strategy: Any) -> None:
+    """Configure DeepSpeed's activation checkpointing from a Fabric DeepSpeed strategy's config, as its
+    ``setup_module_and_optimizers`` does."""
+    strategy._set_deepspeed_activation_checkpointing()
+
+
+@functools.cache
+def deepspeed_section_parser() -> type:
+    """DeepSpeed's config parser class without its checks across sections, to parse one section alone; defined on
+    first use (importing DeepSpeed takes seconds)."""
+    from deepspeed.runtime.config import DeepSpeedConfig
+
+    class SectionParser(DeepSpeedConfig):
+        """DeepSpeed's config parser without the checks across sections (batch sizes against the world size, ZeRO
+        stage against precision options): one section alone would fail them."""
+
+        def _configure_train_batch_size(self) -> None:
+            pass
+
+        def _do_sanity_check(self) -> None:
+            pass
+
+    return SectionParser
+
+
+_LIGHTNING_DS = "lightning.pytorch.strategies.deepspeed.DeepSpeedStrategy"
+_FABRIC_DS = "lightning.fabric.strategies.deepspeed.DeepSpeedStrategy"
+_CHECKPOINT_WRAPPER = "torch.distributed.algorithms._checkpoint.checkpoint_wrapper"
+
+#: Each function (or name) of this module -> the :data:`RELIED_ON` entries whose fingerprinted source it relies on.
+FUNCTIONS: dict[str, tuple[str, ...]] = {
+    "CheckpointImpl": (f"{_CHECKPOINT_WRAPPER}.checkpoint_wrapper",),
+    "checkpoint_wrapper": (f"{_CHECKPOINT_WRAPPER}.checkpoint_wrapper",),
+    "apply_activation_checkpointing": (f"{_CHECKPOINT_WRAPPER}.apply_activation_checkpointing",),
+    "SubprocessScriptLauncher": (
+        "lightning.pytorch.strategies.launchers.subprocess_script._SubprocessScriptLauncher.launch",
+    ),
+    "extension_build_directory": ("torch.utils.cpp_extension._get_build_directory",),
+    "set_cuda_allocator_settings": ("torch.cuda.memory._set_allocator_settings",),
+    "cuda_allocator_settings": ("torch._C._accelerator_getAllocatorSettings",),
+    "hand_over_strategy": ("lightning.pytorch.trainer.trainer.Trainer.strategy",),
+    "abstract_tensors": ("torch._subclasses.fake_tensor.FakeTensorMode",),
+    "empty_pinned_host_cache": ("torch._C._host_emptyCache",),
+    "materialize_meta_module": ("lightning.fabric.utilities.init._materialize_distributed_module",),
+    "init_optimizers_and_schedulers": ("lightning.pytorch.core.optimizer._init_optimizers_and_lr_schedulers",),
+    "zero3_gradient_hooks": (
+        "deepspeed.runtime.zero.stage3.DeepSpeedZeroOptimizer_Stage3.create_reduce_and_remove_grad_hooks",
+    ),
+    "zero3_consolidated_state_dict": ("deepspeed.runtime.engine.DeepSpeedEngine._zero3_consolidated_16bit_state_dict",),
+    "load_universal_checkpoint_next": ("deepspeed.runtime.engine.DeepSpeedEngine.load_universal_checkpoint",),
+    "unwrap_lightning_optimizer": ("lightning.pytorch.core.optimizer.LightningOptimizer.__init__",),
+    "attached_trainer": ("lightning.pytorch.core.module.LightningModule.trainer",),
+    "wait_for_sharded_reductions": (
+        "fairscale.nn.data_parallel.sharded_ddp.ShardedDataParallel._consume_work_handles",
+    ),
+    "sharded_bucket_parameter_ids": (
+        "fairscale.nn.data_parallel.sharded_ddp.ShardedDataParallel._setup_bucket_strategy",
+    ),
+    "track_steps_for_scheduler": ("torch.optim.lr_scheduler.LRScheduler.__init__",),
+    "auto_class_model_classes": ("transformers.models.auto.auto_factory._BaseAutoModelClass.from_config",),
+    "no_split_module_names": ("transformers.modeling_utils.PreTrainedModel.post_init",),
+    "subcommand_parsers": ("jsonargparse._core.ArgumentParser.add_subcommands",),
+    "stage_throughputs": ("lightning.pytorch.callbacks.throughput_monitor.ThroughputMonitor.setup",),
+    "fit_loop_loader_and_fetcher": ("lightning.pytorch.loops.fit_loop._FitLoop.setup_data",),
+    "checkpoint_class_path": ("lightning.pytorch.core.saving._load_state",),
+    "scheduler_state_last_lr": ("torch.optim.lr_scheduler.LRScheduler.get_last_lr",),
+    "wrap_launcher": ("lightning.pytorch.strategies.ddp.DDPStrategy._configure_launcher",),
+    "init_deepspeed_distributed": (
+        f"{_LIGHTNING_DS}._init_deepspeed_distributed",
+        f"{_FABRIC_DS}._init_deepspeed_distributed",
+    ),
+    "init_deepspeed_config": (f"{_LIGHTNING_DS}._init_config_if_needed",),
+    "auto_micro_batch_size": (f"{_LIGHTNING_DS}._auto_select_batch_size",),
+    "lightning_deepspeed_optimizer": (f"{_LIGHTNING_DS}._init_optimizers",),
+    "layer_sync": ("lightning.pytorch.strategies.ddp.DDPStrategy.setup",),
+    "set_parallel_sizes": (
+        "lightning.pytorch.strategies.model_parallel.ModelParallelStrategy.setup_environment",
+        "lightning.fabric.strategies.model_parallel.ModelParallelStrategy.setup_environment",
+    ),
+    "set_fabric_world_ranks": ("lightning.fabric.strategies.ddp.DDPStrategy._set_world_ranks",),
+    "format_fabric_config_once": (f"{_FABRIC_DS}._setup_distributed",),
+    "set_fabric_deepspeed_engine": (f"{_FABRIC_DS}.setup_module_and_optimizers",),
+    "configure_fabric_activation_checkpointing": (f"{_FABRIC_DS}._set_deepspeed_activation_checkpointing",),
+    "deepspeed_section_parser": (
+        "deepspeed.runtime.config.DeepSpeedConfig._configure_train_batch_size",
+        "deepspeed.runtime.config.DeepSpeedConfig._do_sanity_check",
+    ),
+}

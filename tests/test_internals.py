@@ -17,9 +17,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from torch import nn
 
 import lightning_zero
-from lightning_zero.internals import ACCESSED, RELIED_ON
+from lightning_zero.internals import RELIED_ON
 from tests.helpers.launch import REPO
 from tests.helpers.runif import RunIf
 
@@ -31,20 +32,26 @@ FINGERPRINTS: dict[str, str] = {
     "torch._C._accelerator_getAllocatorSettings": "a C function",
     "lightning.pytorch.trainer.trainer.Trainer.strategy": "63bfbecf09333d02",
     "torch._subclasses.fake_tensor.FakeTensorMode": "a3988233f391e892",
-    "torch.nn.Module._apply": "e50d01ca9c5c9b60",
+    "torch.nn.modules.module.Module._apply": "e50d01ca9c5c9b60",
+    "torch.optim.lr_scheduler.LRScheduler.get_last_lr": "904212d938686992",
     "torch.optim.lr_scheduler.LRScheduler.__init__": "b9c01b4cebb2f2f9",
     "lightning.fabric.utilities.init._materialize_distributed_module": "04f62d1d98feb207",
     "lightning.pytorch.core.optimizer._init_optimizers_and_lr_schedulers": "8b5a6065460889a1",
     "lightning.pytorch.strategies.deepspeed.DeepSpeedStrategy.setup_environment": "de7e179a7fc99ab5",
-    "lightning.fabric.strategies.deepspeed.DeepSpeedStrategy.setup_environment": "de7e179a7fc99ab5",
-    "lightning.fabric.strategies.deepspeed.DeepSpeedStrategy._setup_distributed": "ccec40f01b488f6f",
-    "lightning.fabric.strategies.deepspeed.DeepSpeedStrategy._format_config": "c32a945359d3fbf6",
-    "lightning.fabric.strategies.deepspeed.DeepSpeedStrategy.setup_module_and_optimizers": "7a4d5481e3e47c0c",
-    "lightning.fabric.strategies.model_parallel.ModelParallelStrategy.setup_environment": "8262beea44217caa",
     "lightning.pytorch.strategies.deepspeed.DeepSpeedStrategy.setup_distributed": "78cee79c7c131102",
     "lightning.pytorch.strategies.deepspeed.DeepSpeedStrategy._setup_model_and_optimizer": "6a7d1e7daa636a60",
     "lightning.pytorch.strategies.deepspeed.DeepSpeedStrategy._initialize_deepspeed_inference": "dc47d956a17bc6ac",
     "lightning.pytorch.strategies.deepspeed.DeepSpeedStrategy._init_deepspeed_distributed": "4a4df8858860216f",
+    "lightning.fabric.strategies.deepspeed.DeepSpeedStrategy.setup_environment": "de7e179a7fc99ab5",
+    "lightning.fabric.strategies.deepspeed.DeepSpeedStrategy._setup_distributed": "ccec40f01b488f6f",
+    "lightning.fabric.strategies.deepspeed.DeepSpeedStrategy._init_deepspeed_distributed": "4a4df8858860216f",
+    "lightning.fabric.strategies.ddp.DDPStrategy._set_world_ranks": "71dbb9f2aabfd147",
+    "lightning.fabric.strategies.deepspeed.DeepSpeedStrategy._set_deepspeed_activation_checkpointing": (
+        "e3fbfdd65fd17a27"
+    ),
+    "lightning.fabric.strategies.deepspeed.DeepSpeedStrategy._format_config": "c32a945359d3fbf6",
+    "lightning.fabric.strategies.deepspeed.DeepSpeedStrategy.setup_module_and_optimizers": "7a4d5481e3e47c0c",
+    "lightning.fabric.strategies.model_parallel.ModelParallelStrategy.setup_environment": "8262beea44217caa",
     "lightning.pytorch.strategies.deepspeed.DeepSpeedStrategy._init_config_if_needed": "f14c4c6067281a3d",
     "lightning.pytorch.strategies.deepspeed.DeepSpeedStrategy._auto_select_batch_size": "8852f18a819ed788",
     "lightning.pytorch.strategies.deepspeed.DeepSpeedStrategy._init_optimizers": "83062fba495c4008",
@@ -60,12 +67,15 @@ FINGERPRINTS: dict[str, str] = {
     "lightning.pytorch.core.module.LightningModule.trainer": "6e9321453c706688",
     "lightning.pytorch.callbacks.throughput_monitor.ThroughputMonitor.setup": "a70e5cd8b0b89ff8",
     "lightning.pytorch.cli.LightningCLI._parse_ckpt_path": "9c48f812abdba883",
+    "lightning.pytorch.core.saving._load_state": "7b56e86409156b1a",
     "lightning.pytorch.loops.fit_loop._FitLoop.setup_data": "77855202334401d5",
     "deepspeed.runtime.zero.stage3.DeepSpeedZeroOptimizer_Stage3.create_reduce_and_remove_grad_hooks": (
         "cde83f0b853f3286"
     ),
     "deepspeed.runtime.engine.DeepSpeedEngine._zero3_consolidated_16bit_state_dict": "4d7c0d9c1571eb8c",
     "deepspeed.runtime.engine.DeepSpeedEngine.load_universal_checkpoint": "640c6085a8312cb2",
+    "deepspeed.runtime.config.DeepSpeedConfig._configure_train_batch_size": "5d0a45deff9d4487",
+    "deepspeed.runtime.config.DeepSpeedConfig._do_sanity_check": "9b0f0e314653cde6",
     "transformers.models.auto.auto_factory._BaseAutoModelClass.from_config": "83e1f40e3880d8a9",
     "transformers.modeling_utils.PreTrainedModel.post_init": "7e71a8ab677d5dc8",
     "jsonargparse._core.ArgumentParser.add_subcommands": "12e075624cb0e5e2",
@@ -135,30 +145,60 @@ def test_no_module_but_internals_imports_a_private_name() -> None:
 #: Underscored names of the standard library that its documentation makes public (``os._exit``).
 PUBLIC_UNDERSCORED = frozenset({"_exit"})
 
+#: ``str`` methods whose arguments are pieces of text, never attribute names (``key.endswith("_file")``).
+TEXT_METHODS = frozenset({"endswith", "startswith", "removeprefix", "removesuffix", "split", "rstrip", "lstrip"})
 
-#: Private accesses of ``auto/strategy.py`` (``torch._C._host_emptyCache``, a fallback for a torch older than the
-#: pinned one), left to the split of that module under way: remove them there, then this set.
+#: Attributes a class gets from its metaclass or ``typing`` rather than from a method it overrides.
+CLASS_MACHINERY = frozenset({"_abc_impl", "_is_protocol", "_is_runtime_protocol"})
+
+
 def is_private(name: str) -> bool:
-    return name.startswith("_") and not name.startswith("__")
+    return name.startswith("_") and not name.startswith("__") and name != "_"
+
+
+def private_text(node: ast.AST) -> str | None:
+    """The private name a string constant holds (``"_last_lr"``), else ``None``."""
+    if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value.isidentifier():
+        return node.value if is_private(node.value) else None
+    return None
+
+
+def overridden_calls(tree: ast.AST) -> set[int]:
+    """``id()`` of each ``super()._name`` inside a method ``_name``: an override calling what it overrides (the
+    override test fingerprints that method)."""
+    found = set()
+    for function in ast.walk(tree):
+        if not isinstance(function, ast.FunctionDef | ast.AsyncFunctionDef):
+            continue
+        for node in ast.walk(function):
+            if (
+                isinstance(node, ast.Attribute)
+                and node.attr == function.name
+                and isinstance(node.value, ast.Call)
+                and isinstance(node.value.func, ast.Name)
+                and node.value.func.id == "super"
+            ):
+                found.add(id(node))
+    return found
 
 
 def private_accesses(tree: ast.AST) -> list[tuple[int, str]]:
-    """``(line, name)`` of each private attribute read, written or deleted: ``x._name`` and ``getattr``, ``hasattr``,
-    ``setattr`` or ``delattr`` with the name as a string constant."""
+    """``(line, name)`` of each private attribute read, written or deleted: ``x._name`` (but an override's
+    ``super()._name``), and a private name as a string constant given to a call or used as a key
+    (``getattr(x, "_name")``, ``state.get("_name")``, ``state["_name"]``; not ``text.endswith("_name")``)."""
+    allowed = overridden_calls(tree)
     found = []
     for node in ast.walk(tree):
-        if isinstance(node, ast.Attribute) and is_private(node.attr):
+        if isinstance(node, ast.Attribute) and is_private(node.attr) and id(node) not in allowed:
             found.append((node.lineno, node.attr))
-        elif (
-            isinstance(node, ast.Call)
-            and isinstance(node.func, ast.Name)
-            and node.func.id in {"getattr", "hasattr", "setattr", "delattr"}
-            and len(node.args) > 1
-            and isinstance(node.args[1], ast.Constant)
-            and isinstance(node.args[1].value, str)
-            and is_private(node.args[1].value)
-        ):
-            found.append((node.lineno, node.args[1].value))
+        elif isinstance(node, ast.Call):
+            if isinstance(node.func, ast.Attribute) and node.func.attr in TEXT_METHODS:
+                continue
+            for argument in node.args:
+                if (name := private_text(argument)) is not None:
+                    found.append((node.lineno, name))
+        elif isinstance(node, ast.Subscript) and (name := private_text(node.slice)) is not None:
+            found.append((node.lineno, name))
     return found
 
 
@@ -178,12 +218,16 @@ def names_defined(tree: ast.AST) -> set[str]:
     return found
 
 
+def is_ours(cls: type) -> bool:
+    return cls.__module__.split(".")[0] == "lightning_zero"
+
+
 def upstream_names(cls: type) -> set[str]:
     """Every attribute name of ``cls``'s bases from outside lightning-zero: their class attributes and the
     ``self.<name>`` attributes their source assigns."""
     found: set[str] = set()
     for base in cls.__mro__[1:]:
-        if base.__module__.split(".")[0] in {"lightning_zero", "builtins"}:
+        if is_ours(base) or base is object:
             continue
         found.update(dir(base))
         try:
@@ -193,16 +237,45 @@ def upstream_names(cls: type) -> set[str]:
     return found
 
 
+def classes_in_functions(tree: ast.AST) -> list[ast.ClassDef]:
+    """The classes defined inside a function's body (anywhere below it)."""
+    return [
+        node
+        for function in ast.walk(tree)
+        if isinstance(function, ast.FunctionDef | ast.AsyncFunctionDef)
+        for node in ast.walk(function)
+        if isinstance(node, ast.ClassDef)
+    ]
+
+
+def lazy_class_factories() -> list[str]:
+    """The functions of ``internals.py`` that define a class on their first call (an upstream base imported on use):
+    module-level, without parameters, so the override test can call each."""
+    tree = ast.parse((REPO / "lightning_zero" / "internals.py").read_text())
+    return [
+        function.name
+        for function in tree.body
+        if isinstance(function, ast.FunctionDef) and classes_in_functions(function)
+    ]
+
+
 def our_classes() -> list[type]:
+    """Every class lightning-zero defines: at module level, inside its classes, and those ``internals.py`` defines
+    on first use."""
     modules = [
         importlib.import_module(info.name) for info in pkgutil.walk_packages(lightning_zero.__path__, "lightning_zero.")
     ]
-    return [
-        value
-        for module in modules
-        for value in vars(module).values()
-        if isinstance(value, type) and value.__module__ == module.__name__
-    ]
+    from lightning_zero import internals
+
+    pending: list[Any] = [value for module in modules for value in vars(module).values()]
+    pending += [getattr(internals, factory)() for factory in lazy_class_factories()]
+    found: list[type] = []
+    while pending:
+        value = pending.pop()
+        if isinstance(value, type) and is_ours(value) and value not in found:
+            found.append(value)
+            pending.extend(vars(value).values())
+    return found
 
 
 def module_name(path: Path) -> str:
@@ -214,10 +287,10 @@ def upstream_private_accesses() -> dict[tuple[str, str], list[int]]:
 
     A private name is ours when a lightning-zero module defines it (:func:`names_defined`) and no class outside
     lightning-zero that one of our classes derives from has it (:func:`upstream_names`): ``self._device_rank``
-    of our strategy is ours, ``self._launcher`` (set by Lightning's ``Strategy``), an overridden
-    ``_configure_launcher`` and ``engine._config`` are not. A private name that lightning-zero never defines is
-    upstream's wherever it is read. The rule goes by name, not by object: an upstream object's private attribute
-    that shares its name with one of ours and with no base of ours would pass unseen.
+    of our strategy is ours; ``self._launcher`` (set by Lightning's ``Strategy``), ``module._modules`` (torch's)
+    and ``engine._config`` are not. A private name that lightning-zero never defines is upstream's wherever it is
+    read. The rule goes by name, not by object: an upstream object's private attribute that shares its name with
+    one of ours and with no base of ours would pass unseen.
     """
     trees = {module_name(path): ast.parse(path.read_text()) for path in sorted((REPO / "lightning_zero").rglob("*.py"))}
     upstream = set().union(*(upstream_names(cls) for cls in our_classes()))
@@ -232,12 +305,17 @@ def upstream_private_accesses() -> dict[tuple[str, str], list[int]]:
     return found
 
 
-def test_every_private_upstream_attribute_used_outside_internals_is_registered() -> None:
-    accessed = upstream_private_accesses()
-    unregistered = {pair: lines for pair, lines in accessed.items() if pair not in ACCESSED}
-    assert unregistered == {}, "move the access into lightning_zero/internals.py, or add it to internals.ACCESSED"
-    assert sorted(ACCESSED.keys() - accessed.keys()) == []  # no stale registrations
-    assert sorted(set(ACCESSED.values()) - RELIED_ON.keys()) == []
+def test_no_private_upstream_attribute_is_used_outside_internals() -> None:
+    found = upstream_private_accesses()
+    assert found == {}, f"{len(found)} private accesses: move each into a function of lightning_zero/internals.py"
+
+
+def test_every_internals_function_names_what_it_relies_on() -> None:
+    from lightning_zero import internals
+
+    functions = {name for name in internals.__all__ if name not in {"RELIED_ON", "FUNCTIONS"}}
+    assert sorted(functions ^ internals.FUNCTIONS.keys()) == []
+    assert sorted(set().union(*internals.FUNCTIONS.values()) - RELIED_ON.keys()) == []
 
 
 def silent_private_defaults(tree: ast.AST) -> list[str]:
@@ -266,19 +344,58 @@ def test_no_private_name_is_read_with_a_silent_default() -> None:
 
 
 def test_the_private_access_rule_tells_ours_from_upstreams() -> None:
-    accessed = upstream_private_accesses()
-    assert ("lightning_zero.strategies.deepspeed", "_launcher") in accessed  # Lightning's, though we assign it
-    assert ("lightning_zero.strategies.deepspeed", "_configure_launcher") in accessed  # an override
-    assert ("lightning_zero.strategies.deepspeed", "_device_rank") not in accessed  # our own property
-    assert ("lightning_zero.strategies.deepspeed", "_transformers_zero3") not in accessed  # our own attribute
+    source = """
+class Strategy(DeepSpeedStrategy):
+    def _configure_launcher(self):
+        super()._configure_launcher()
+        self._launcher = wrap(self._launcher)
+        self._transformers_zero3 = None
+
+    def _apply(self, fn):
+        names = list(self._modules)
+        super()._init_optimizers()
+        return self._device_rank, getattr(self, "_layer_sync"), state.get("_last_lr"), key.endswith("_file")
+"""
+    accesses = {name for _, name in private_accesses(ast.parse(source))}
+    assert accesses == {
+        "_launcher",
+        "_modules",
+        "_init_optimizers",
+        "_transformers_zero3",
+        "_device_rank",
+        "_layer_sync",
+        "_last_lr",
+    }  # an override's `super()._configure_launcher` is not one
+    classes = {cls.__name__: cls for cls in our_classes()}
+    upstream = upstream_names(classes["DeepSpeedZeroStrategy"]) | upstream_names(classes["TaskModule"])
+    assert {"_launcher", "_modules", "_init_optimizers", "_layer_sync"} <= upstream
+    assert {"_transformers_zero3", "_device_rank"}.isdisjoint(upstream)  # ours: defined by us, by no base
+
+
+def test_no_class_hides_inside_a_function_outside_internals() -> None:
+    """A class defined in a function body is out of the override test's reach (it walks module-level classes and
+    calls ``internals.py``'s class factories): its overrides of a private upstream method would go unchecked."""
+    found = [
+        f"{module_name(path)}.{node.name}"
+        for path in sorted((REPO / "lightning_zero").rglob("*.py"))
+        if path.name != "internals.py"
+        for node in classes_in_functions(ast.parse(path.read_text()))
+    ]
+    assert found == [], "define it at module level, or (an upstream base imported on use) in internals.py"
+    from lightning_zero import internals
+
+    factories = lazy_class_factories()
+    assert factories, "internals.py defines its DeepSpeed config parser class on first use"
+    assert all(not inspect.signature(getattr(internals, name)).parameters for name in factories)
 
 
 def overridden_privates(cls: type) -> set[str]:
-    """Private methods ``cls`` defines that a Lightning base class defines too (the nearest such base's)."""
-    bases = [base for base in cls.__mro__[1:] if base.__module__.startswith("lightning.")]
+    """``module.Class.name`` of each private attribute ``cls`` defines that a class it derives from outside
+    lightning-zero defines too (the nearest such base's)."""
+    bases = [base for base in cls.__mro__[1:] if not is_ours(base) and base is not object]
     found = set()
-    for name, value in vars(cls).items():
-        if not name.startswith("_") or name.startswith("__") or not inspect.isfunction(value):
+    for name in vars(cls):
+        if not is_private(name) or name in CLASS_MACHINERY:
             continue
         base = next((base for base in bases if name in vars(base)), None)
         if base is not None:
@@ -286,21 +403,29 @@ def overridden_privates(cls: type) -> set[str]:
     return found
 
 
-def test_every_private_lightning_method_we_override_is_listed() -> None:
-    from lightning_zero.fabric.deepspeed import FabricZeroStrategy, _FabricDeepSpeedOnCpu
-    from lightning_zero.fabric.fsdp2 import FabricFSDP2Strategy
-    from lightning_zero.strategies.deepspeed import DeepSpeedZeroStrategy, _DeepSpeedOnCpu
-    from lightning_zero.strategies.fsdp2 import FSDP2Strategy
+def test_every_private_upstream_method_we_override_is_listed() -> None:
+    classes = our_classes()
+    overridden = {path: cls for cls in classes for path in overridden_privates(cls)}
+    assert sorted(overridden.keys() - RELIED_ON.keys()) == []
+    # The walk reaches the subclasses of every kind of upstream class we derive from.
+    names = {cls.__name__ for cls in classes}
+    assert {"DeepSpeedZeroStrategy", "FabricZeroStrategy", "FSDP2Strategy", "FabricFSDP2Strategy"} <= names
+    assert {"TaskModule", "ZeroThroughputMonitor", "ZeroCLI", "SectionParser"} <= names
+    assert any(path.startswith("deepspeed.runtime.config.DeepSpeedConfig.") for path in overridden)
 
-    fabric = (_FabricDeepSpeedOnCpu, FabricZeroStrategy, FabricFSDP2Strategy)
-    classes = (_DeepSpeedOnCpu, DeepSpeedZeroStrategy, FSDP2Strategy, *fabric)
-    overridden = set().union(*(overridden_privates(cls) for cls in classes))
-    assert sorted(overridden - RELIED_ON.keys()) == []
+    class Probe(nn.Linear):  # the rule sees an override of a private method that a base further up defines
+        def _apply(self, fn: Any, recurse: bool = True) -> nn.Module:
+            return self
+
+        def _ours(self) -> None:
+            pass
+
+    assert overridden_privates(Probe) == {"torch.nn.modules.module.Module._apply"}
 
 
 if __name__ == "__main__":  # run from the repository's root: PYTHONPATH=. python tests/test_internals.py
     for path in RELIED_ON:
         try:
             print(f'    "{path}": "{fingerprint(path)}",')
-        except ImportError:
-            print(f"    # {path}: not installed")
+        except (ImportError, AttributeError):  # not installed, or absent from this build (a CUDA-only function)
+            print(f"    # {path}: not here")

@@ -25,6 +25,7 @@ from lightning_zero.app.data.tokenizers import SPEAKER_TOKENS
 from lightning_zero.app.tasks.seq2seq import Seq2SeqTask
 from lightning_zero.checkpoint.validate import check_checkpoint
 from lightning_zero.errors import CommandParser, ZeroConfigError
+from lightning_zero.internals import checkpoint_class_path
 
 CHATBOT = f"{Seq2SeqTask.__module__}.{Seq2SeqTask.__qualname__}"
 
@@ -95,7 +96,7 @@ def load_chatbot(
 def check_chatbot(path: Path, hyper_parameters: Mapping[str, Any]) -> None:
     """Raise unless the checkpoint's hyper-parameters are a :class:`Seq2SeqTask`'s (LightningCLI also stores its
     ``_class_path``)."""
-    class_path = str(hyper_parameters.get("_class_path", CHATBOT))
+    class_path = str(checkpoint_class_path(hyper_parameters, CHATBOT))
     accepted = inspect.signature(Seq2SeqTask).parameters
     foreign = sorted(name for name in hyper_parameters if not name.startswith("_") and name not in accepted)
     if class_path != CHATBOT or foreign:

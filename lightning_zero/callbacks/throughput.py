@@ -30,6 +30,7 @@ from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.callbacks import ThroughputMonitor
 from torch.optim import Optimizer
 
+from lightning_zero.internals import stage_throughputs
 from lightning_zero.memory.budget import GIB
 from lightning_zero.runtime.batches import samples_in, tokens_in, training_loss
 
@@ -76,7 +77,7 @@ class ZeroThroughputMonitor(ThroughputMonitor):
         super().setup(trainer, pl_module, stage)
         if self.peak_tflops is not None:
             self.available_flops = int(self.peak_tflops * 1e12)
-            for throughput in self._throughputs.values():
+            for throughput in stage_throughputs(self):
                 throughput.available_flops = self.available_flops
 
     def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int) -> None:

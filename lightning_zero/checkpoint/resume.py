@@ -37,6 +37,7 @@ from lightning_zero.checkpoint.weights_only import (
     scheduled_learning_rates,
     set_learning_rates,
 )
+from lightning_zero.internals import fit_loop_loader_and_fetcher
 
 _KEY = "lightning_zero_rng"
 
@@ -150,7 +151,7 @@ def continue_mid_epoch(trainer: L.Trainer, states: dict[str, Any]) -> bool:
     fit_loop = trainer.fit_loop
     done = fit_loop.epoch_loop.batch_progress.current.ready  # batches trained in the interrupted epoch
     mid_epoch = fit_loop.restarted_mid_epoch and 0 < done < trainer.num_training_batches
-    combined, fetcher = fit_loop._combined_loader, fit_loop._data_fetcher
+    combined, fetcher = fit_loop_loader_and_fetcher(fit_loop)
     if not mid_epoch or combined is None or fetcher is None:
         return False
     for loader in combined.flattened:  # Lightning sets the epoch after `on_train_start`, too late for us

@@ -21,6 +21,7 @@ from lightning_zero.checkpoint.full_state import read_full_state
 from lightning_zero.checkpoint.manifest import Manifest, read_manifest
 from lightning_zero.checkpoint.reshard import why_not_carried
 from lightning_zero.checkpoint.validate import DCP_METADATA, DEEPSPEED_TAG_FILE
+from lightning_zero.internals import scheduler_state_last_lr
 
 #: Marks a checkpoint dict made by :func:`weights_only_checkpoint` (for ``ExactResume`` to set the learning rates).
 WEIGHTS_ONLY_KEY = "lightning_zero_weights_only"
@@ -39,7 +40,7 @@ def scheduled_learning_rates(checkpoint: dict[str, Any]) -> list[list[float]] | 
     (its next step scales the optimizer's current ones): they are set from these."""
     if not checkpoint.get(WEIGHTS_ONLY_KEY):
         return None
-    return [list(state.get("_last_lr", [])) for state in checkpoint.get("lr_schedulers", [])]
+    return [scheduler_state_last_lr(state) for state in checkpoint.get("lr_schedulers", [])]
 
 
 def set_learning_rates(schedulers: list[Any], learning_rates: list[list[float]]) -> None:

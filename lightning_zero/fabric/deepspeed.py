@@ -25,7 +25,14 @@ from torch.optim import Optimizer
 from lightning_zero.errors import ZeroConfigError
 from lightning_zero.fabric import checkpoints
 from lightning_zero.fabric.watched import FabricWatchedRanks
-from lightning_zero.internals import zero3_consolidated_state_dict
+from lightning_zero.internals import (
+    configure_fabric_activation_checkpointing,
+    format_fabric_config_once,
+    init_deepspeed_distributed,
+    set_fabric_deepspeed_engine,
+    set_fabric_world_ranks,
+    zero3_consolidated_state_dict,
+)
 from lightning_zero.memory.budget import apply_memory_budget, lift_memory_budget
 from lightning_zero.runtime.blocks import prepare_blocks
 from lightning_zero.runtime.ops import wait_for_op
@@ -66,12 +73,10 @@ class _FabricDeepSpeedOnCpu(DeepSpeedStrategy):
             return
         # Fabric's checks device indices, which are None on CPU.
         reset_seed()
-        self._set_world_ranks()
+        set_fabric_world_ranks(self)
         wait_for_op("ShareMemCommBuilder")  # DeepSpeed loads it on CPU at init, through torch's build lock
-        self._init_deepspeed_distributed()
-        if not self._config_initialized:
-            self._format_config()
-            self._config_initialized = True
+        init_deepspeed_distributed(self)
+        format_fabric_config_once(self)
 
     def teardown(self) -> None:
         super().teardown()
@@ -176,15 +181,15 @@ class FabricZeroStrategy(FabricWatchedRanks, _FabricDeepSpeedOnCpu):
         engine, ds_optimizer = initialize_engine(
             module, self.settings.deepspeed_dict(), self._device_rank, optimizer, scheduler
         )
-        self._deepspeed_engine = engine
-        self._set_deepspeed_activation_checkpointing()
+        set_fabric_deepspeed_engine(self, engine)
+        configure_fabric_activation_checkpointing(self)
         return engine, [ds_optimizer], engine.lr_scheduler
 
     def setup_module(self, module: Module) -> deepspeed.DeepSpeedEngine:
         """An engine for inference (no optimizer)."""
         self.prepare_module(module)
         engine, _ = initialize_engine(module, self.settings.deepspeed_dict(), self._device_rank)
-        self._deepspeed_engine = engine
+        set_fabric_deepspeed_engine(self, engine)
         return engine
 
     def module_sharded_context(self) -> AbstractContextManager[Any]:
@@ -249,7 +254,7 @@ class FabricZeroStrategy(FabricWatchedRanks, _FabricDeepSpeedOnCpu):
     def teardown(self) -> None:
         import deepspeed
 
-        engine = self._deepspeed_engine
+        engine = self.model
         if isinstance(engine, deepspeed.DeepSpeedEngine):
             release_engine(engine, self.zero_stage_3)
             if self.zero_stage_3:

@@ -26,6 +26,7 @@ from lightning_zero.checkpoint.validate import check_checkpoint
 from lightning_zero.checkpoint.weights_only import describe_manifest
 from lightning_zero.errors import ZeroConfigError
 from lightning_zero.fabric.watched import FabricWatchedRanks
+from lightning_zero.internals import set_parallel_sizes
 from lightning_zero.memory.budget import apply_memory_budget, lift_memory_budget
 from lightning_zero.runtime.blocks import prepare_blocks
 from lightning_zero.strategies.fsdp2 import shard_module
@@ -74,8 +75,7 @@ class FabricFSDP2Strategy(FabricWatchedRanks, ModelParallelStrategy):
 
     def setup_environment(self) -> None:
         # Every process is one data-parallel shard (Fabric's default puts them on a tensor-parallel axis).
-        self._data_parallel_size = self.num_nodes * self.num_processes
-        self._tensor_parallel_size = 1
+        set_parallel_sizes(self, data_parallel=self.num_nodes * self.num_processes, tensor_parallel=1)
         super().setup_environment()
 
     def _parallelize(self, module: nn.Module, mesh: DeviceMesh) -> nn.Module:

@@ -35,8 +35,13 @@ from lightning_zero.checkpoint.weights_only import load_into_deepspeed
 from lightning_zero.errors import ZeroConfigError
 from lightning_zero.internals import (
     attached_trainer,
+    auto_micro_batch_size,
+    init_deepspeed_config,
+    init_deepspeed_distributed,
     init_optimizers_and_schedulers,
+    lightning_deepspeed_optimizer,
     load_universal_checkpoint_next,
+    wrap_launcher,
     zero3_consolidated_state_dict,
     zero3_gradient_hooks,
 )
@@ -198,7 +203,7 @@ class _DeepSpeedOnCpu(DeepSpeedStrategy):
         reset_seed()
         self.set_world_ranks()
         wait_for_op("ShareMemCommBuilder")  # DeepSpeed loads it on CPU at init, through torch's build lock
-        self._init_deepspeed_distributed()
+        init_deepspeed_distributed(self)
 
     @property
     def _device_rank(self) -> int:
@@ -343,7 +348,7 @@ class DeepSpeedZeroStrategy(ShardedSetup, WatchedRanks, SafeCheckpoints, _DeepSp
 
     def _configure_launcher(self) -> None:
         super()._configure_launcher()
-        self._launcher = preflight_launcher(self._launcher)
+        wrap_launcher(self, preflight_launcher)
 
     def setup(self, trainer: Any) -> None:
         self.apply_memory_budget()
@@ -357,7 +362,7 @@ class DeepSpeedZeroStrategy(ShardedSetup, WatchedRanks, SafeCheckpoints, _DeepSp
     def model_sharded_context(self) -> Generator[None, None, None]:
         # Tell transformers, where installed, that ZeRO-3 is on, so models built in `configure_model` initialise
         # and load their weights partition by partition (its `HfDeepSpeedConfig` must stay alive while it is used).
-        self._init_config_if_needed()
+        init_deepspeed_config(self)
         if self.zero_stage_3 and self._transformers_zero3 is None and TRANSFORMERS:
             from transformers.integrations import HfDeepSpeedConfig
 
@@ -407,7 +412,7 @@ class DeepSpeedZeroStrategy(ShardedSetup, WatchedRanks, SafeCheckpoints, _DeepSp
         # module's settings is this one call of `configure_optimizers`.
         module = self.lightning_module
         if self.settings.needs_optimizer and module is not None and module.trainer.training:
-            optimizer, _ = DeepSpeedStrategy._init_optimizers(self)
+            optimizer, _ = lightning_deepspeed_optimizer(self)
             values = OptimizerValues(optimizer.defaults, int(module.trainer.estimated_stepping_batches))
             self.settings = self.settings.with_optimizer(values)
         super().init_deepspeed()
@@ -418,7 +423,7 @@ class DeepSpeedZeroStrategy(ShardedSetup, WatchedRanks, SafeCheckpoints, _DeepSp
             return TrainerValues(micro_batch_size=1)
         trainer = module.trainer
         return TrainerValues(
-            micro_batch_size=self._auto_select_batch_size(),
+            micro_batch_size=auto_micro_batch_size(self),
             accumulate_grad_batches=trainer.accumulate_grad_batches,
             gradient_clip_val=trainer.gradient_clip_val,
             precision=str(self.precision_plugin.precision),

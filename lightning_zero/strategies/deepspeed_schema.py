@@ -10,7 +10,6 @@ and the closest valid name.
 from __future__ import annotations
 
 import difflib
-import functools
 import typing
 from collections.abc import KeysView, Mapping
 from pathlib import Path
@@ -19,6 +18,7 @@ from typing import Any
 import pydantic
 
 from lightning_zero.errors import ZeroConfigError
+from lightning_zero.internals import deepspeed_section_parser
 
 #: DeepSpeed's config reference, for names nothing close to which exists.
 CONFIG_REFERENCE = "https://www.deepspeed.ai/docs/config-json/"
@@ -91,31 +91,13 @@ def _parse_section(section: str, value: Any, name: str) -> set[str]:
 
     config = _RecordingDict({section: value})
     try:
-        _parse_only_class()(config)
+        deepspeed_section_parser()(config)
     except pydantic.ValidationError as error:
         raise ZeroConfigError(f"{name}: {_pydantic_reason(section, error)}") from None
     except (DeepSpeedConfigError, AssertionError, TypeError, ValueError, KeyError) as error:
         reason = " ".join(str(error).split()) or type(error).__name__
         raise ZeroConfigError(f"{name}: DeepSpeed refuses section `{section}`: {reason}") from None
     return {key for key in config.read if isinstance(key, str)}
-
-
-@functools.cache
-def _parse_only_class() -> type:
-    """DeepSpeed's config parser class, defined on first use: importing DeepSpeed takes seconds."""
-    from deepspeed.runtime.config import DeepSpeedConfig
-
-    class ParseOnly(DeepSpeedConfig):
-        """DeepSpeed's config parser without the checks across sections (batch sizes against the world size, ZeRO
-        stage against precision options): one section alone would fail them."""
-
-        def _configure_train_batch_size(self) -> None:
-            pass
-
-        def _do_sanity_check(self) -> None:
-            pass
-
-    return ParseOnly
 
 
 def _pydantic_reason(section: str, error: pydantic.ValidationError) -> str:

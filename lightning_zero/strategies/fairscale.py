@@ -32,6 +32,7 @@ from lightning_zero.checkpoint.by_name import PARAMETER_NAMES_KEY, parameter_nam
 from lightning_zero.checkpoint.strategy import SafeCheckpoints
 from lightning_zero.errors import ZeroConfigError
 from lightning_zero.internals import (
+    layer_sync,
     sharded_bucket_parameter_ids,
     unwrap_lightning_optimizer,
     wait_for_sharded_reductions,
@@ -117,8 +118,9 @@ class FairScaleStrategy(ShardedSetup, WatchedRanks, SafeCheckpoints, DDPStrategy
         self.apply_memory_budget()
         self.accelerator.setup(trainer)
         fitting = trainer.state.fn == TrainerFn.FITTING
-        if fitting and self._layer_sync:
-            self.model = self._layer_sync.apply(self.model)
+        sync = layer_sync(self)
+        if fitting and sync:
+            self.model = sync.apply(self.model)
         self.prepare_blocks()
         self.precision_plugin.convert_module(self.model)
         self.model_to_device()

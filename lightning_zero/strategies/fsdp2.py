@@ -30,7 +30,7 @@ from lightning_zero.checkpoint.by_name import load_into_torch_optimizer, read_un
 from lightning_zero.checkpoint.strategy import SafeCheckpoints
 from lightning_zero.checkpoint.weights_only import WEIGHTS_ONLY_KEY, load_into_fsdp2, weights_only_checkpoint
 from lightning_zero.errors import ZeroConfigError
-from lightning_zero.internals import materialize_meta_module
+from lightning_zero.internals import materialize_meta_module, set_parallel_sizes
 from lightning_zero.runtime.blocks import transformer_blocks
 from lightning_zero.runtime.devices import optimizers_to_device
 from lightning_zero.runtime.watchdog import WatchedRanks
@@ -90,14 +90,13 @@ class FSDP2Strategy(ShardedSetup, WatchedRanks, SafeCheckpoints, ModelParallelSt
 
     def _get_process_group_backend(self) -> str:
         # CPU offload on GPUs leaves gradients on CPU: their collectives (clipping norms, fp16 inf checks) need gloo.
-        if self._process_group_backend is None and self.offloads and self.root_device.type == "cuda":
+        if self.process_group_backend is None and self.offloads and self.root_device.type == "cuda":
             return "cuda:nccl,cpu:gloo"
         return super()._get_process_group_backend()
 
     def setup_environment(self) -> None:
         # Every process is one data-parallel shard (Lightning's default puts them on a tensor-parallel axis).
-        self._data_parallel_size = self.num_nodes * self.num_processes
-        self._tensor_parallel_size = 1
+        set_parallel_sizes(self, data_parallel=self.num_nodes * self.num_processes, tensor_parallel=1)
         super().setup_environment()
 
     def setup(self, trainer: pl.Trainer) -> None:

@@ -49,13 +49,14 @@ class TaskModule(LightningModule):
 
     def _apply(self, fn: Callable[[Tensor], Tensor], *args: Any, **kwargs: Any) -> TaskModule:
         # Metric attributes sit out of the conversion and only follow the device: states keep their dtypes.
-        metrics = {name: child for name, child in self._modules.items() if isinstance(child, Metric | MetricCollection)}
+        metrics = {name: child for name, child in self.named_children() if isinstance(child, Metric | MetricCollection)}
         for name in metrics:
-            self._modules[name] = None  # skipped by nn.Module._apply; the attribute order stays
+            self.register_module(name, None)  # skipped by nn.Module._apply; the attribute order stays
         try:
             super()._apply(fn, *args, **kwargs)
         finally:
-            self._modules.update(metrics)
+            for name, child in metrics.items():
+                self.register_module(name, child)
         for child in metrics.values():
             for metric in child.modules():
                 if isinstance(metric, Metric):

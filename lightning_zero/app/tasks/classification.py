@@ -21,6 +21,7 @@ from lightning_zero.app.models.source import resolve_pretrained
 from lightning_zero.app.tasks.base import TaskModule
 from lightning_zero.app.tasks.metrics import classification_metrics
 from lightning_zero.errors import ZeroConfigError
+from lightning_zero.internals import attached_trainer
 
 DEFAULT_MODEL = "sentence-transformers/all-MiniLM-L6-v2"
 
@@ -113,7 +114,7 @@ class SequenceClassificationTask(TaskModule):
         """Check the data against the model (classes within ``num_labels``, the same tokenizer); an unset
         ``tokenizer`` becomes the data module's, and the data's class names the model's labels."""
         super().setup(stage)
-        datamodule = getattr(self.trainer, "datamodule", None) if self._trainer is not None else None
+        datamodule = getattr(self.trainer, "datamodule", None) if attached_trainer(self) is not None else None
         if datamodule is None:
             return
         data_labels = getattr(datamodule, "num_labels", None)

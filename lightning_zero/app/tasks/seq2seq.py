@@ -20,6 +20,7 @@ from lightning_zero.app.models.loading import build_model
 from lightning_zero.app.models.shapes import is_shape
 from lightning_zero.app.tasks.base import LanguageTask, build_language_model
 from lightning_zero.app.tasks.metrics import IGNORE_INDEX, bleu_metric, token_nll
+from lightning_zero.internals import attached_trainer
 
 
 def needs_synced_generation(trainer: Any) -> bool:
@@ -147,7 +148,7 @@ class Seq2SeqTask(LanguageTask):
             max_new_tokens=max_new_tokens or self.hparams["max_target_length"],
             min_new_tokens=1,
             early_stopping=True,
-            synced_gpus=needs_synced_generation(self._trainer),
+            synced_gpus=needs_synced_generation(attached_trainer(self)),
         )
         return [text.strip() for text in self.tokenizer.batch_decode(generated, skip_special_tokens=True)]
 
