@@ -177,7 +177,7 @@ def test_the_plan_considers_every_presets_layout() -> None:
     from lightning_zero.preset_table import PRESETS
 
     considered = set(candidate_layouts())
-    presets = [preset for preset in PRESETS if preset.backend not in ("auto", "onecard")]
+    presets = [preset for preset in PRESETS if preset.backend != "auto"]
     assert [preset.name for preset in presets if preset_layout(preset) not in considered] == []
 
 
