@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from lightning.fabric.strategies.strategy import _BackwardSyncControl
 from lightning.fabric.utilities.init import _materialize_distributed_module
 from lightning.pytorch.core.optimizer import _init_optimizers_and_lr_schedulers
 from lightning.pytorch.strategies.launchers.subprocess_script import _SubprocessScriptLauncher
@@ -29,6 +30,7 @@ from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
 __all__ = [
     "ACCESSED",
     "RELIED_ON",
+    "BackwardSyncControl",
     "CheckpointImpl",
     "SubprocessScriptLauncher",
     "abstract_tensors",
@@ -117,6 +119,13 @@ RELIED_ON: dict[str, str] = {
     "lightning.fabric.strategies.deepspeed.DeepSpeedStrategy.setup_module_and_optimizers": (
         "replaced to build the engine as the Trainer's strategy does (device rank on CPU, CPU Adam under offload); "
         "sets _deepspeed_engine and calls _set_deepspeed_activation_checkpointing as it does"
+    ),
+    "lightning.fabric.strategies.strategy._BackwardSyncControl": (
+        "fabric.no_backward_sync under FairScale's ShardedDataParallel: Fabric asks the strategy's"
+        " _backward_sync_control, whose DDP version takes DDP only (no public hook)"
+    ),
+    "lightning.fabric.strategies.ddp.DDPStrategy.__init__": (
+        "sets _backward_sync_control, which FabricFairScaleStrategy replaces at stage 2 (as above)"
     ),
     "lightning.fabric.strategies.model_parallel.ModelParallelStrategy.setup_environment": (
         "a pure data-parallel mesh (_data_parallel_size, _tensor_parallel_size set before it runs), as for the "
@@ -245,6 +254,7 @@ def empty_pinned_host_cache() -> None:
 
 materialize_meta_module: Callable[[nn.Module, Any], None] = _materialize_distributed_module
 SubprocessScriptLauncher = _SubprocessScriptLauncher
+BackwardSyncControl = _BackwardSyncControl
 init_optimizers_and_schedulers = _init_optimizers_and_lr_schedulers
 
 _DS = "lightning.pytorch.strategies.deepspeed.DeepSpeedStrategy"
@@ -271,6 +281,10 @@ ACCESSED: dict[tuple[str, str], str] = {
     ("lightning_zero.fabric.deepspeed", "_set_deepspeed_activation_checkpointing"): (
         f"{_FDS}.setup_module_and_optimizers"
     ),
+    (
+        "lightning_zero.fabric.fairscale",
+        "_backward_sync_control",
+    ): "lightning.fabric.strategies.ddp.DDPStrategy.__init__",
     ("lightning_zero.fabric.fsdp2", "_data_parallel_size"): f"{_FMP}.setup_environment",
     ("lightning_zero.fabric.fsdp2", "_tensor_parallel_size"): f"{_FMP}.setup_environment",
     ("lightning_zero.strategies.fairscale", "_layer_sync"): "lightning.pytorch.strategies.ddp.DDPStrategy.setup",

@@ -39,6 +39,8 @@ FINGERPRINTS: dict[str, str] = {
     "lightning.fabric.strategies.deepspeed.DeepSpeedStrategy._format_config": "c32a945359d3fbf6",
     "lightning.fabric.strategies.deepspeed.DeepSpeedStrategy.setup_module_and_optimizers": "7a4d5481e3e47c0c",
     "lightning.fabric.strategies.model_parallel.ModelParallelStrategy.setup_environment": "8262beea44217caa",
+    "lightning.fabric.strategies.strategy._BackwardSyncControl": "9895e2089035fce5",
+    "lightning.fabric.strategies.ddp.DDPStrategy.__init__": "266632d88e2e915f",
     "lightning.pytorch.strategies.deepspeed.DeepSpeedStrategy.setup_distributed": "78cee79c7c131102",
     "lightning.pytorch.strategies.deepspeed.DeepSpeedStrategy._setup_model_and_optimizer": "6a7d1e7daa636a60",
     "lightning.pytorch.strategies.deepspeed.DeepSpeedStrategy._initialize_deepspeed_inference": "dc47d956a17bc6ac",

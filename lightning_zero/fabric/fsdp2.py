@@ -25,6 +25,7 @@ from lightning_zero.checkpoint.manifest import checkpoint_manifest
 from lightning_zero.checkpoint.validate import check_checkpoint
 from lightning_zero.checkpoint.weights_only import describe_manifest
 from lightning_zero.errors import ZeroConfigError
+from lightning_zero.fabric.trainer_format import load_with_schedulers, sharded_keys, the_module, with_trainer_keys
 from lightning_zero.fabric.watched import FabricWatchedRanks
 from lightning_zero.memory.budget import apply_memory_budget, lift_memory_budget
 from lightning_zero.runtime.blocks import prepare_blocks
@@ -111,30 +112,40 @@ class FabricFSDP2Strategy(FabricWatchedRanks, ModelParallelStrategy):
     def save_checkpoint(
         self, path: Any, state: dict[str, Any], storage_options: Any = None, filter: Any = None
     ) -> None:
-        """Fabric's FSDP2 save, written atomically with a manifest."""
-        module = _module_of(state)
+        """The Trainer's FSDP2 checkpoint (its names for the model, optimizers and LR schedulers), written atomically
+        with a manifest."""
+        module = _unwrapped(the_module(state)[1])
         precision = str(self.precision.precision)
+        checkpoint = with_trainer_keys(sharded_keys(state))
 
         def write(checkpoint: dict[str, Any], partial: Path) -> None:
             super(FabricFSDP2Strategy, self).save_checkpoint(partial, checkpoint, storage_options, filter)
 
-        save_module_atomically(self, module, precision, dict(state), path, write, self.zero_backend, self.zero.stage)
+        save_module_atomically(self, module, precision, checkpoint, path, write, self.zero_backend, self.zero.stage)
 
     def load_checkpoint(
         self, path: Any, state: Any = None, strict: bool = True, weights_only: bool | None = None
     ) -> dict[str, Any]:
-        """Fabric's FSDP2 load, the checkpoint checked first; one written by another backend is refused (Fabric's
-        FSDP2 format is its own, unlike the DeepSpeed directories that Fabric and the Trainer share)."""
+        """A checkpoint of this backend written by Fabric or the Trainer, checked first; one written by another
+        backend is refused (the Trainer's FSDP2 strategy resumes those)."""
+        if not isinstance(state, dict) or not state:
+            return super().load_checkpoint(path, state, strict, weights_only)  # Fabric's own errors and raw loads
         where = Path(self.broadcast(str(path)))
-        if isinstance(state, dict):
-            check_checkpoint(where, _module_of(state))
+        check_checkpoint(where, _unwrapped(the_module(state)[1]))
         manifest = checkpoint_manifest(where)
         if manifest is not None and manifest.backend != self.zero_backend:
             raise ZeroConfigError(
                 f"'{where}' was written by {describe_manifest(manifest)}: under Fabric an FSDP2 preset resumes FSDP2"
                 " checkpoints only; resume it under a preset of its backend, or under the Trainer."
             )
-        return super().load_checkpoint(where, state, strict, weights_only)
+
+        def load(others: dict[str, Any]) -> dict[str, Any]:
+            renamed = sharded_keys(others)
+            rest = super(FabricFSDP2Strategy, self).load_checkpoint(where, renamed, strict, weights_only)
+            others.update({key: renamed[key] for key in others if key in renamed})
+            return rest
+
+        return load_with_schedulers(state, strict, load)
 
     def full_state_dict(self, model: nn.Module) -> dict[str, Any]:
         """The whole state dict of ``model`` (as ``fabric.setup`` returned it) on global rank 0, gathered from every
@@ -148,16 +159,6 @@ class FabricFSDP2Strategy(FabricWatchedRanks, ModelParallelStrategy):
     def teardown(self) -> None:
         lift_memory_budget(self)
         super().teardown()
-
-
-def _module_of(state: dict[str, Any]) -> nn.Module:
-    modules = [value for value in state.values() if isinstance(value, nn.Module)]
-    if len(modules) != 1:
-        raise ZeroConfigError(
-            f"A checkpoint holds one model set up by `fabric.setup`, but the state has {len(modules)}: pass it as"
-            " `{'model': model, 'optimizer': optimizer, ...}`."
-        )
-    return _unwrapped(modules[0])
 
 
 def _unwrapped(model: nn.Module) -> nn.Module:
