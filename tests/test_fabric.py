@@ -55,7 +55,9 @@ TOLERANCES = {
     "zero1_fairscale": EXACT,
     "zero2_fairscale": EXACT,
 }
-ROUND_TRIPS = ["zero2", "zero3", "zero2_fairscale", "zero3_fsdp", "zero2_fsdp"]
+#: ``@full``: FSDP2's one-file checkpoints (``checkpoint_format="full"``) instead of sharded directories.
+ROUND_TRIPS = ["zero2", "zero3", "zero2_fairscale", "zero3_fsdp", "zero2_fsdp", "zero3_fsdp@full"]
+TRAINER_FILE_KEYS = {"state_dict", "optimizer_states", "lr_schedulers", "pytorch-lightning_version", "lightning_zero"}
 #: Round trips with an LR scheduler (``@sched``), and in bf16-mixed with one (``@bf16``) where the CPU computes in
 #: bf16 natively (elsewhere it is emulated, several times slower, and left out).
 NATIVE_BF16 = has_native_bf16(detect_cpu_facts())
@@ -66,6 +68,7 @@ CHECKED_VARIANTS = [
     for name in ["zero2@sched", "zero3@sched", "zero2@bf16", "zero3@bf16"]
 ]
 RESTAGE = "zero2:zero3"
+SIDES = ("fabric", "trainer")
 
 
 @pytest.fixture(scope="module")
@@ -136,9 +139,9 @@ def test_each_preset_trains_like_fabrics_ddp(fabric_runs: Path, name: str) -> No
 @pytest.mark.parametrize("direction", ["fabric_to_trainer", "trainer_to_fabric"])
 def test_a_checkpoint_resumes_across_fabric_and_the_trainer(fabric_runs: Path, name: str, direction: str) -> None:
     """Half the run under one, the other half under the other, through one checkpoint: the losses and weights of
-    the uninterrupted run (Fabric's DDP, which every preset matches exactly; for a variant, the preset's own
-    uninterrupted Fabric run with the same scheduler and precision)."""
-    reference = load_result(fabric_runs, name if "@" in name else "ddp")
+    the uninterrupted run (Fabric's DDP, which every preset matches exactly; with a scheduler or bf16, the preset's
+    own uninterrupted Fabric run with the same scheduler and precision)."""
+    reference = load_result(fabric_runs, "ddp" if name in ROUND_TRIPS else name)
     result = load_result(fabric_runs, f"{name}-{direction}")
     assert result["losses"] == reference["losses"]
     assert max_weight_difference(result["state_dict"], reference["state_dict"]) == 0
@@ -149,6 +152,30 @@ def test_a_variant_trains_otherwise_than_plain_ddp(fabric_runs: Path, name: str)
     """The scheduler (and bf16) ran: a round trip that dropped them could not match its reference by chance."""
     ddp, variant = load_result(fabric_runs, "ddp"), load_result(fabric_runs, name)
     assert max_weight_difference(variant["state_dict"], ddp["state_dict"]) > 1e-3
+
+
+@pytest.mark.parametrize("name", ["zero2_fairscale", "zero3_fsdp@full"])
+def test_a_fabric_checkpoint_file_has_the_trainers_entries(fabric_runs: Path, name: str) -> None:
+    """One file: the model under `state_dict`, each optimizer's whole state keyed by parameter position under
+    `optimizer_states` (FairScale's consolidated OSS state, FSDP2's full state), what the Trainer's loader asks for."""
+    fabric, trainer = (torch.load(fabric_runs / f"{name}-{side}.ckpt", weights_only=True) for side in SIDES)
+    assert fabric.keys() >= TRAINER_FILE_KEYS and trainer.keys() >= TRAINER_FILE_KEYS
+    assert fabric["state_dict"].keys() == trainer["state_dict"].keys()
+    for saved in (fabric, trainer):
+        (optimizer,) = saved["optimizer_states"]
+        assert optimizer["state"] and all(isinstance(key, int) for key in optimizer["state"])
+    assert fabric["optimizer_states"][0]["state"].keys() == trainer["optimizer_states"][0]["state"].keys()
+
+
+def test_a_fabric_fsdp2_directory_has_the_trainers_entries(fabric_runs: Path) -> None:
+    import torch.distributed.checkpoint as dcp
+
+    def entries(side: str) -> set[str]:
+        metadata = dcp.FileSystemReader(str(fabric_runs / f"zero3_fsdp-{side}.ckpt")).read_metadata()
+        return set(metadata.state_dict_metadata)
+
+    fabric, trainer = (entries(side) for side in SIDES)
+    assert fabric == trainer and {key.split(".")[0] for key in fabric} == {"state_dict", "optimizer_0"}
 
 
 @pytest.mark.parametrize("name", ["zero2_fairscale", "zero3_fsdp"])

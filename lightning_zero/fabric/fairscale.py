@@ -35,6 +35,7 @@ from lightning_zero.fabric.trainer_format import (
     WEIGHTS,
     load_with_schedulers,
     optimizers_of,
+    plain,
     restore_entries,
     the_module,
     with_trainer_keys,
@@ -193,10 +194,7 @@ class FabricFairScaleStrategy(FabricWatchedRanks, DDPStrategy):
         self, module: nn.Module, optimizers: list[Optimizer], state: dict[str, Any]
     ) -> dict[str, Any]:
         rest = {key: value for key, value in state.items() if not isinstance(value, (nn.Module, Optimizer))}
-        checkpoint = with_trainer_keys(rest)
-        for key, value in checkpoint.items():
-            if hasattr(value, "state_dict") and hasattr(value, "load_state_dict"):
-                checkpoint[key] = value.state_dict()
+        checkpoint = plain(with_trainer_keys(rest))
         checkpoint[WEIGHTS] = module.state_dict()
         checkpoint[OPTIMIZERS] = [self.get_optimizer_state(optimizer) for optimizer in optimizers]
         if optimizers:  # its optimizer state is keyed by position: the names make it readable by other backends

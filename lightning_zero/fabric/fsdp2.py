@@ -25,7 +25,17 @@ from lightning_zero.checkpoint.manifest import checkpoint_manifest
 from lightning_zero.checkpoint.validate import check_checkpoint
 from lightning_zero.checkpoint.weights_only import describe_manifest
 from lightning_zero.errors import ZeroConfigError
-from lightning_zero.fabric.trainer_format import load_with_schedulers, sharded_keys, the_module, with_trainer_keys
+from lightning_zero.fabric.trainer_format import (
+    OPTIMIZERS,
+    WEIGHTS,
+    load_with_schedulers,
+    optimizers_of,
+    plain,
+    restore_entries,
+    sharded_keys,
+    the_module,
+    with_trainer_keys,
+)
 from lightning_zero.fabric.watched import FabricWatchedRanks
 from lightning_zero.memory.budget import apply_memory_budget, lift_memory_budget
 from lightning_zero.runtime.blocks import prepare_blocks
@@ -119,7 +129,10 @@ class FabricFSDP2Strategy(FabricWatchedRanks, ModelParallelStrategy):
         checkpoint = with_trainer_keys(sharded_keys(state))
 
         def write(checkpoint: dict[str, Any], partial: Path) -> None:
-            super(FabricFSDP2Strategy, self).save_checkpoint(partial, checkpoint, storage_options, filter)
+            if self.zero.checkpoint_format == "full":
+                _save_full(checkpoint, partial, self.is_global_zero)
+            else:
+                super(FabricFSDP2Strategy, self).save_checkpoint(partial, checkpoint, storage_options, filter)
 
         save_module_atomically(self, module, precision, checkpoint, path, write, self.zero_backend, self.zero.stage)
 
@@ -140,6 +153,8 @@ class FabricFSDP2Strategy(FabricWatchedRanks, ModelParallelStrategy):
             )
 
         def load(others: dict[str, Any]) -> dict[str, Any]:
+            if where.is_file():
+                return _load_full(where, others, strict, weights_only)
             renamed = sharded_keys(others)
             rest = super(FabricFSDP2Strategy, self).load_checkpoint(where, renamed, strict, weights_only)
             others.update({key: renamed[key] for key in others if key in renamed})
@@ -159,6 +174,51 @@ class FabricFSDP2Strategy(FabricWatchedRanks, ModelParallelStrategy):
     def teardown(self) -> None:
         lift_memory_budget(self)
         super().teardown()
+
+
+def _save_full(checkpoint: dict[str, Any], path: Path, is_global_zero: bool) -> None:
+    """The Trainer's one-file FSDP2 checkpoint of a :func:`sharded_keys` state: the full model state dict, each
+    optimizer's full state keyed by parameter position under ``optimizer_states`` (as the Trainer's strategy keys
+    it), on rank 0; collective."""
+    import torch
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, get_optimizer_state_dict
+    from torch.distributed.fsdp import FullyShardedDataParallel, OptimStateKeyType
+
+    options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    module = checkpoint.pop(WEIGHTS)
+    optimizers = [checkpoint.pop(key) for key, _ in optimizers_of(checkpoint)]
+    weights = get_model_state_dict(module, options=options)
+    states = [get_optimizer_state_dict(module, optimizer, options=options) for optimizer in optimizers]
+    if not is_global_zero:
+        return
+    by_position = [
+        FullyShardedDataParallel.rekey_optim_state_dict(state, OptimStateKeyType.PARAM_ID, module) for state in states
+    ]
+    torch.save({**plain(checkpoint), WEIGHTS: weights, OPTIMIZERS: by_position}, path)
+
+
+def _load_full(path: Path, state: dict[str, Any], strict: bool, weights_only: bool | None) -> dict[str, Any]:
+    """A one-file FSDP2 checkpoint of the Trainer's (or :func:`_save_full`'s) into ``state``'s model and optimizers,
+    sharded as they are; returns what was not restored."""
+    import torch
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict, set_optimizer_state_dict
+    from torch.distributed.fsdp import FullyShardedDataParallel, OptimStateKeyType
+
+    module = _unwrapped(the_module(state)[1])
+    options = StateDictOptions(full_state_dict=True, strict=strict)
+    checkpoint = torch.load(path, map_location="cpu", mmap=True, weights_only=weights_only)
+    set_model_state_dict(module, checkpoint.pop(WEIGHTS), options=options)
+    optimizers = optimizers_of(state)
+    saved = checkpoint.pop(OPTIMIZERS, [])
+    if strict and len(saved) != len(optimizers):
+        raise ZeroConfigError(
+            f"'{path}' holds {len(saved)} optimizer state(s), the state passes {len(optimizers)} optimizer(s): pass as"
+            " many as it was saved with, or `strict=False`."
+        )
+    for (_, optimizer), by_position in zip(optimizers, saved, strict=False):
+        by_name = FullyShardedDataParallel.rekey_optim_state_dict(by_position, OptimStateKeyType.PARAM_NAME, module)
+        set_optimizer_state_dict(module, optimizer, optim_state_dict=by_name, options=options)
+    return restore_entries(checkpoint, state, strict)
 
 
 def _unwrapped(model: nn.Module) -> nn.Module:

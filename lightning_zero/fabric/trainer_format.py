@@ -95,6 +95,16 @@ def sharded_keys(state: dict[str, Any]) -> dict[str, Any]:
     return {WEIGHTS: module, **renamed, **rest}
 
 
+def is_stateful(value: Any) -> bool:
+    """Whether ``value`` saves and loads its state (``state_dict``, ``load_state_dict``), as Fabric's states do."""
+    return hasattr(value, "state_dict") and hasattr(value, "load_state_dict")
+
+
+def plain(entries: dict[str, Any]) -> dict[str, Any]:
+    """``entries`` with each stateful value replaced by its state dict, as written to a checkpoint."""
+    return {key: value.state_dict() if is_stateful(value) else value for key, value in entries.items()}
+
+
 def restore_entries(checkpoint: dict[str, Any], state: dict[str, Any], strict: bool) -> dict[str, Any]:
     """Move the entries ``state`` asks for (other than its model and optimizers) from ``checkpoint`` into it, loading
     stateful ones in place; returns the rest of ``checkpoint``."""
@@ -108,7 +118,7 @@ def restore_entries(checkpoint: dict[str, Any], state: dict[str, Any], strict: b
                 )
             continue
         saved = checkpoint.pop(key)
-        if hasattr(value, "load_state_dict") and hasattr(value, "state_dict"):
+        if is_stateful(value):
             value.load_state_dict(saved)
         else:
             state[key] = saved

@@ -12,7 +12,8 @@ rank 1; later Fabrics and Trainers of the run find the group there).
 through ``ckpt_path`` and trains the second half) and ``trainer_to_fabric`` (the other way round, through
 ``trainer.save_checkpoint`` and ``fabric.load``), each saved as NAME-fabric_to_trainer.pt and so on (and the
 state at the Fabric save as NAME-half.pt). ``NAME@sched`` adds an LR scheduler on both sides, ``NAME@bf16`` a
-scheduler in ``bf16-mixed``: the run of NAME@VARIANT uninterrupted under Fabric is saved too (NAME@VARIANT.pt).
+scheduler in ``bf16-mixed`` (the run of NAME@VARIANT uninterrupted under Fabric is saved too, NAME@VARIANT.pt),
+``NAME@full`` saves one-file checkpoints (FSDP2's ``checkpoint_format="full"``).
 ``--restage A:B`` resumes a Fabric checkpoint of preset A under preset B (A-to-B.pt).
 """
 
@@ -30,7 +31,7 @@ import lightning as L
 import torch
 from torch.utils.data import DataLoader, Subset
 
-import lightning_zero  # noqa: F401  (registers the presets, with Fabric's registry too)
+from lightning_zero import build_fabric_preset, build_preset  # (the import registers the presets, Fabric's too)
 from tests.helpers.tiny import TinyLM, token_data
 from tests.helpers.trainer import end_process_group, quiet_trainer
 
@@ -41,20 +42,36 @@ WEIGHT_DECAY = 0.01
 
 @dataclass(frozen=True)
 class Variant:
-    """How a run trains besides its strategy: the precision, and whether an LR scheduler steps each step."""
+    """How a run trains besides its strategy: the precision, whether an LR scheduler steps each step, and fields
+    of the preset's config overridden."""
 
     precision: Literal["32-true", "bf16-mixed"] = "32-true"
     scheduled: bool = False
+    overrides: tuple[tuple[str, str], ...] = ()
 
     @staticmethod
     def of(spec: str) -> tuple[str, Variant]:
-        """``NAME``, ``NAME@sched`` or ``NAME@bf16``: the preset and its variant."""
+        """``NAME``, ``NAME@sched``, ``NAME@bf16`` or ``NAME@full`` (a one-file checkpoint): the preset and its
+        variant."""
         name, _, variant = spec.partition("@")
-        return name, {"": Variant(), "sched": Variant(scheduled=True), "bf16": Variant("bf16-mixed", True)}[variant]
+        return name, VARIANTS[variant]
+
+    def strategy(self, name: str, build: Any) -> Any:
+        """Preset ``name`` by name, or built by ``build`` (Fabric's or the Trainer's) with the overrides."""
+        return build(name, **dict(self.overrides)) if self.overrides else name
+
+
+VARIANTS = {
+    "": Variant(),
+    "sched": Variant(scheduled=True),
+    "bf16": Variant("bf16-mixed", True),
+    "full": Variant(overrides=(("checkpoint_format", "full"),)),
+}
 
 
 def fabric_for(strategy: str, variant: Variant = Variant()) -> L.Fabric:
-    fabric = L.Fabric(accelerator="cpu", devices=2, strategy=strategy, precision=variant.precision)
+    chosen = variant.strategy(strategy, build_fabric_preset)
+    fabric = L.Fabric(accelerator="cpu", devices=2, strategy=chosen, precision=variant.precision)
     fabric.launch()
     return fabric
 
@@ -137,7 +154,11 @@ class TailLM(TinyLM):
 
 def trainer_for(strategy: str, variant: Variant, steps: int) -> L.Trainer:
     return quiet_trainer(
-        devices=2, strategy=strategy, max_steps=steps, use_distributed_sampler=False, precision=variant.precision
+        devices=2,
+        strategy=variant.strategy(strategy, build_preset),
+        max_steps=steps,
+        use_distributed_sampler=False,
+        precision=variant.precision,
     )
 
 
@@ -209,7 +230,7 @@ def main() -> None:
     for strategy in args.strategies:
         fabric_run(args.out, strategy, args.steps)
     for spec in args.resume:
-        if "@" in spec:
+        if Variant.of(spec)[1].scheduled:
             fabric_run(args.out, spec, args.steps)
         fabric_to_trainer(args.out, spec, args.steps)
         trainer_to_fabric(args.out, spec, args.steps)
