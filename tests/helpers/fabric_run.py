@@ -48,11 +48,14 @@ class Variant:
     precision: Literal["32-true", "bf16-mixed"] = "32-true"
     scheduled: bool = False
     overrides: tuple[tuple[str, str], ...] = ()
+    #: Micro-batches per step, all but the last backward inside ``fabric.no_backward_sync``.
+    accumulate: int = 1
+    #: ``fabric.clip_gradients`` to this norm before each step.
+    clip: float | None = None
 
     @staticmethod
     def of(spec: str) -> tuple[str, Variant]:
-        """``NAME``, ``NAME@sched``, ``NAME@bf16`` or ``NAME@full`` (a one-file checkpoint): the preset and its
-        variant."""
+        """``NAME`` or ``NAME@VARIANT`` (a key of :data:`VARIANTS`): the preset and its variant."""
         name, _, variant = spec.partition("@")
         return name, VARIANTS[variant]
 
@@ -66,6 +69,8 @@ VARIANTS = {
     "sched": Variant(scheduled=True),
     "bf16": Variant("bf16-mixed", True),
     "full": Variant(overrides=(("checkpoint_format", "full"),)),
+    "accum": Variant(accumulate=2),
+    "clip": Variant(clip=0.5),  # below the tiny GPT-2's gradient norm (about 1.2 at the start), so clipping acts
 }
 
 
@@ -100,19 +105,32 @@ def fabric_setup(fabric: L.Fabric, variant: Variant = Variant()) -> tuple[Any, A
 
 
 def fabric_train(
-    fabric: L.Fabric, model: Any, optimizer: Any, first_step: int, steps: int, scheduler: Any = None
+    fabric: L.Fabric,
+    model: Any,
+    optimizer: Any,
+    first_step: int,
+    steps: int,
+    scheduler: Any = None,
+    variant: Variant = Variant(),
 ) -> list[float]:
     data = samples(fabric.global_rank, first_step, steps)
     loader = fabric.setup_dataloaders(DataLoader(data, batch_size=BATCH), use_distributed_sampler=False)
     losses = []
     for (input_ids,) in loader:
-        loss = model(input_ids)
-        fabric.backward(loss)
+        micro_batches = input_ids.chunk(variant.accumulate)
+        loss = torch.zeros(())
+        for index, micro_batch in enumerate(micro_batches):
+            with fabric.no_backward_sync(model, enabled=index < len(micro_batches) - 1):
+                micro_loss = model(micro_batch) / len(micro_batches)
+                fabric.backward(micro_loss)
+            loss = loss + micro_loss.detach()
+        if variant.clip is not None:
+            fabric.clip_gradients(model, optimizer, max_norm=variant.clip)
         optimizer.step()
         optimizer.zero_grad()
         if scheduler is not None:
             scheduler.step()
-        mean = fabric.all_reduce(loss.detach(), reduce_op="mean")
+        mean = fabric.all_reduce(loss, reduce_op="mean")
         assert isinstance(mean, torch.Tensor)
         losses.append(mean.item())
     return losses
@@ -137,7 +155,7 @@ def fabric_run(out: Path, spec: str, steps: int) -> None:
     strategy, variant = Variant.of(spec)
     fabric = fabric_for(strategy, variant)
     model, optimizer, scheduler = fabric_setup(fabric, variant)
-    losses = fabric_train(fabric, model, optimizer, 0, steps, scheduler)
+    losses = fabric_train(fabric, model, optimizer, 0, steps, scheduler, variant)
     save_result(fabric, out, spec, losses, full_state(fabric, model))
 
 
