@@ -130,6 +130,15 @@ def test_the_memory_budget_applies_under_fabric() -> None:
     assert "\n" not in str(error.value) and "over `memory_budget_gib: 1e-05`" in str(error.value)
 
 
+def test_a_fairscale_optimizer_set_up_apart_from_its_model_is_one_line() -> None:
+    """`fabric.setup_optimizers` after `fabric.setup(model)` would step an unsharded optimizer next to a plain DDP
+    model: refused, naming the joint set-up."""
+    optimizer = torch.optim.AdamW(TinyLM().parameters())
+    with pytest.raises(ZeroConfigError) as error:
+        build_fabric_preset("zero2_fairscale").setup_optimizer(optimizer)
+    assert "\n" not in str(error.value) and "`fabric.setup(model, optimizer)`" in str(error.value)
+
+
 def test_a_config_change_after_building_is_an_error() -> None:
     strategy = build_fabric_preset("zero2")
     with pytest.raises(ZeroConfigError, match="cannot be changed once built"):

@@ -119,6 +119,14 @@ class FabricFairScaleStrategy(FabricWatchedRanks, DDPStrategy):
         self._adapt_precision()
         return wrapped, list(sharded), scheduler
 
+    def setup_optimizer(self, optimizer: Optimizer) -> Optimizer:
+        """Refused: the optimizer is sharded as the model is wrapped (``fabric.setup_optimizers`` after
+        ``fabric.setup(model)`` would train it unsharded, as plain DDP)."""
+        raise ZeroConfigError(
+            "FairScale presets shard the optimizer as they wrap the model: set both up together, with"
+            " `fabric.setup(model, optimizer)`."
+        )
+
     def _wrap(self, module: nn.Module, optimizers: list[OSS]) -> nn.Module:
         if self.zero.stage == 1:
             return super().setup_module(module)
