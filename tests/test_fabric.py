@@ -209,7 +209,7 @@ def test_consolidate_reads_the_fabric_checkpoints_of_fairscale_and_fsdp2(fabric_
     assert max_weight_difference({key: value.detach() for key, value in state.items()}, saved) == 0
 
 
-@pytest.mark.parametrize("strategy", ["zero2", "zero3_fsdp"])
+@pytest.mark.parametrize("strategy", ["zero2", "zero3_fsdp", "zero2_fairscale"])
 def test_when_rank_0_is_killed_under_fabric_the_other_ends_too(strategy: str, tmp_path: Path) -> None:
     """Rank 1 is in ten minutes of work of its own when rank 0 dies: without the watchdog this fails at the
     hard timeout."""
