@@ -130,6 +130,16 @@ def test_the_memory_budget_applies_under_fabric() -> None:
     assert "\n" not in str(error.value) and "over `memory_budget_gib: 1e-05`" in str(error.value)
 
 
+def test_the_memory_budget_applies_under_fabric_fairscale_before_anything_is_wrapped() -> None:
+    strategy = build_fabric_preset("zero2_fairscale", memory_budget_gib=1e-5)
+    strategy.parallel_devices = [torch.device("cpu")] * 2
+    strategy.precision = Precision()
+    module = TinyLM()
+    with pytest.raises(ZeroConfigError) as error:
+        strategy.setup_module_and_optimizers(module, [torch.optim.AdamW(module.parameters())])
+    assert "\n" not in str(error.value) and "over `memory_budget_gib: 1e-05`" in str(error.value)
+
+
 def test_a_fairscale_optimizer_set_up_apart_from_its_model_is_one_line() -> None:
     """`fabric.setup_optimizers` after `fabric.setup(model)` would step an unsharded optimizer next to a plain DDP
     model: refused, naming the joint set-up."""
