@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from lightning.fabric.strategies.strategy import _BackwardSyncControl
 from lightning.fabric.utilities.init import _materialize_distributed_module
 from lightning.pytorch.core.optimizer import _init_optimizers_and_lr_schedulers
 from lightning.pytorch.strategies.launchers.subprocess_script import _SubprocessScriptLauncher
@@ -31,6 +32,7 @@ from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
 __all__ = [
     "FUNCTIONS",
     "RELIED_ON",
+    "BackwardSyncControl",
     "CheckpointImpl",
     "SubprocessScriptLauncher",
     "abstract_tensors",
@@ -57,6 +59,7 @@ __all__ = [
     "materialize_meta_module",
     "no_split_module_names",
     "scheduler_state_last_lr",
+    "set_backward_sync_control",
     "set_cuda_allocator_settings",
     "set_fabric_deepspeed_engine",
     "set_fabric_world_ranks",
@@ -156,6 +159,13 @@ RELIED_ON: dict[str, str] = {
     "lightning.fabric.strategies.deepspeed.DeepSpeedStrategy.setup_module_and_optimizers": (
         "replaced to build the engine as the Trainer's strategy does (device rank on CPU, CPU Adam under offload); "
         "sets _deepspeed_engine and calls _set_deepspeed_activation_checkpointing as it does"
+    ),
+    "lightning.fabric.strategies.strategy._BackwardSyncControl": (
+        "fabric.no_backward_sync under FairScale's ShardedDataParallel: Fabric asks the strategy's"
+        " _backward_sync_control, whose DDP version takes DDP only (no public hook)"
+    ),
+    "lightning.fabric.strategies.ddp.DDPStrategy.__init__": (
+        "sets _backward_sync_control, which FabricFairScaleStrategy replaces at stage 2 (as above)"
     ),
     "lightning.fabric.strategies.model_parallel.ModelParallelStrategy.setup_environment": (
         "a pure data-parallel mesh (_data_parallel_size, _tensor_parallel_size set before it runs), as for the "
@@ -262,6 +272,11 @@ def extension_build_directory(name: str) -> Path:
     return Path(_get_build_directory(name, verbose=False))
 
 
+def set_backward_sync_control(strategy: Any, control: Any) -> None:
+    """Give a Fabric strategy the ``control`` that ``fabric.no_backward_sync`` enters."""
+    strategy._backward_sync_control = control
+
+
 def hand_over_strategy(trainer: Any, strategy: Any) -> None:
     """Make ``strategy`` the one that ``trainer.strategy`` gives from now on."""
     trainer._accelerator_connector.strategy = strategy
@@ -307,6 +322,7 @@ def empty_pinned_host_cache() -> None:
 
 materialize_meta_module: Callable[[nn.Module, Any], None] = _materialize_distributed_module
 SubprocessScriptLauncher = _SubprocessScriptLauncher
+BackwardSyncControl = _BackwardSyncControl
 init_optimizers_and_schedulers = _init_optimizers_and_lr_schedulers
 
 
@@ -507,6 +523,8 @@ FUNCTIONS: dict[str, tuple[str, ...]] = {
     "set_cuda_allocator_settings": ("torch.cuda.memory._set_allocator_settings",),
     "cuda_allocator_settings": ("torch._C._accelerator_getAllocatorSettings",),
     "hand_over_strategy": ("lightning.pytorch.trainer.trainer.Trainer.strategy",),
+    "set_backward_sync_control": ("lightning.fabric.strategies.ddp.DDPStrategy.__init__",),
+    "BackwardSyncControl": ("lightning.fabric.strategies.strategy._BackwardSyncControl",),
     "abstract_tensors": ("torch._subclasses.fake_tensor.FakeTensorMode",),
     "empty_pinned_host_cache": ("torch._C._host_emptyCache",),
     "materialize_meta_module": ("lightning.fabric.utilities.init._materialize_distributed_module",),

@@ -66,6 +66,10 @@ def fabric_backend_class(backend: str) -> type:
         from lightning_zero.fabric.fsdp2 import FabricFSDP2Strategy
 
         return FabricFSDP2Strategy
+    if backend == "fairscale":
+        from lightning_zero.fabric.fairscale import FabricFairScaleStrategy
+
+        return FabricFairScaleStrategy
     from lightning_zero.fabric import unsupported_backend
 
     raise unsupported_backend(backend)

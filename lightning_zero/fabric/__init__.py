@@ -2,7 +2,7 @@
 behind them, sharing the Trainer strategies' typed configs, translation, preset table and checkpoint format.
 
 ``import lightning_zero`` registers every preset with Fabric's strategy registry too
-(:func:`lightning_zero.presets.register_fabric_presets`). FairScale's presets and ``zero_auto`` are refused under
+(:func:`lightning_zero.presets.register_fabric_presets`). ``zero_auto`` and the one-card presets are refused under
 Fabric with a one-line error naming the preset to use instead (docs/fabric.md says why).
 """
 
@@ -12,14 +12,14 @@ from lightning_zero.errors import ZeroConfigError
 
 #: The Fabric preset that stands in for each backend without a Fabric strategy, and why it has none.
 INSTEAD = {
-    "fairscale": (
-        "FairScale's presets do not run under Fabric (FairScale is archived; its OSS and ShardedDataParallel have"
-        " no Fabric strategy): use `zero1` or `zero2` (DeepSpeed) or `zero2_fsdp` (FSDP2) instead."
-    ),
     "auto": (
         "`zero_auto` does not run under Fabric (its search times trial steps through the Trainer's loop): run"
         " `lightning-zero plan` or `zero_auto` once under the Trainer, then pass the preset it chose, e.g."
         " `zero2_offload`."
+    ),
+    "onecard": (
+        "The one-card presets have no Fabric strategy (their optimizer levers hook into the Trainer's optimizer"
+        " set-up): run them under the Trainer, or pass `zero2_offload` to Fabric."
     ),
 }
 

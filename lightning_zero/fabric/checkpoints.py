@@ -5,10 +5,11 @@ optimizer partitions, the rest of the state as DeepSpeed's client state) and ``m
 (:func:`~lightning_zero.checkpoint.atomic.save_module_atomically`), checked before loading
 (:func:`~lightning_zero.checkpoint.validate.check_checkpoint`), and resumed at another stage or world size through
 its universal form, or from its weights alone, by the routes of :mod:`lightning_zero.checkpoint.reshard`. The
-Trainer's extra state (``loops``, ``lr_schedulers``...) comes back to Fabric in the dict ``fabric.load`` returns;
-a Fabric checkpoint carries ``global_step`` and ``epoch`` to the manifest when the state has them, and what the
-Trainer's loader asks for (:data:`TRAINER_KEYS`). The Trainer resumes a Fabric checkpoint with its weights and
-optimizer state, its loop counters at 0 (a Fabric loop has no Trainer loop state to give).
+Trainer's extra state (``loops``...) comes back to Fabric in the dict ``fabric.load`` returns; LR schedulers go
+both ways, under the Trainer's ``lr_schedulers`` (:mod:`lightning_zero.fabric.trainer_format`); a Fabric
+checkpoint carries ``global_step`` and ``epoch`` to the manifest when the state has them. The Trainer resumes a
+Fabric checkpoint with its weights and optimizer state, its loop counters at 0 (a Fabric loop has no Trainer loop
+state to give).
 """
 
 from __future__ import annotations
@@ -17,7 +18,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import lightning
 from lightning.fabric.utilities import rank_zero_info
 from torch.nn import Module
 
@@ -43,15 +43,11 @@ from lightning_zero.checkpoint.weights_only import (
     weights_only_checkpoint,
 )
 from lightning_zero.errors import ZeroConfigError
+from lightning_zero.fabric.trainer_format import with_trainer_keys
 from lightning_zero.internals import load_universal_checkpoint_next
 
 if TYPE_CHECKING:
     from lightning_zero.fabric.deepspeed import FabricZeroStrategy
-
-#: What the Trainer's checkpoint loader requires of a checkpoint, with the value a Fabric save gives it when the
-#: state has none: the Lightning version that wrote it, and the LR schedulers' states (to carry a scheduler to the
-#: Trainer, save ``[scheduler.state_dict()]`` under this key).
-TRAINER_KEYS = {"pytorch-lightning_version": lightning.__version__, "lr_schedulers": []}
 
 
 def deepspeed_engine(state: dict[str, Any]) -> Any:
@@ -82,7 +78,7 @@ def save(
     """Write ``state`` with ``write(state, temporary_path)`` (Fabric's DeepSpeed save), atomically, with the
     manifest; collective."""
     engine = deepspeed_engine(state)
-    state = {**TRAINER_KEYS, **state}
+    state = with_trainer_keys(state)
     precision = str(strategy.precision.precision)
     save_module_atomically(strategy, engine.module, precision, state, path, write, "deepspeed", strategy.zero.stage)
 

@@ -24,6 +24,7 @@ from torch.optim import Optimizer
 
 from lightning_zero.errors import ZeroConfigError
 from lightning_zero.fabric import checkpoints
+from lightning_zero.fabric.trainer_format import load_with_schedulers
 from lightning_zero.fabric.watched import FabricWatchedRanks
 from lightning_zero.internals import (
     configure_fabric_activation_checkpointing,
@@ -231,15 +232,19 @@ class FabricZeroStrategy(FabricWatchedRanks, _FabricDeepSpeedOnCpu):
         self, path: Any, state: Any = None, strict: bool = True, weights_only: bool | None = None
     ) -> dict[str, Any]:
         """A checkpoint of Fabric or the Trainer, checked first; at another stage or world size through its
-        universal form, or its weights alone where the optimizer state cannot be carried."""
+        universal form, or its weights alone where the optimizer state cannot be carried; LR schedulers in
+        ``state`` from the checkpoint's ``lr_schedulers``."""
         if not isinstance(state, dict) or (self.load_full_weights and self.zero_stage_3):
             return super().load_checkpoint(path, state, strict, weights_only)
-        return checkpoints.load(
-            self,
-            Path(self.broadcast(str(path))),
-            state,
-            lambda where: super(FabricZeroStrategy, self).load_checkpoint(where, state, strict, weights_only),
-        )
+        where = Path(self.broadcast(str(path)))
+
+        def load(others: dict[str, Any]) -> dict[str, Any]:
+            def read(directory: Path) -> dict[str, Any]:
+                return super(FabricZeroStrategy, self).load_checkpoint(directory, others, strict, weights_only)
+
+            return checkpoints.load(self, where, others, read)
+
+        return load_with_schedulers(state, strict, load)
 
     def full_state_dict(self, model: Module) -> dict[str, Any]:
         """The whole state dict of ``model`` (as ``fabric.setup`` returned it) on global rank 0, gathered across

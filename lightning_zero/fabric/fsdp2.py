@@ -25,6 +25,17 @@ from lightning_zero.checkpoint.manifest import checkpoint_manifest
 from lightning_zero.checkpoint.validate import check_checkpoint
 from lightning_zero.checkpoint.weights_only import describe_manifest
 from lightning_zero.errors import ZeroConfigError
+from lightning_zero.fabric.trainer_format import (
+    OPTIMIZERS,
+    WEIGHTS,
+    load_with_schedulers,
+    optimizers_of,
+    plain,
+    restore_entries,
+    sharded_keys,
+    the_module,
+    with_trainer_keys,
+)
 from lightning_zero.fabric.watched import FabricWatchedRanks
 from lightning_zero.internals import set_parallel_sizes
 from lightning_zero.memory.budget import apply_memory_budget, lift_memory_budget
@@ -111,30 +122,45 @@ class FabricFSDP2Strategy(FabricWatchedRanks, ModelParallelStrategy):
     def save_checkpoint(
         self, path: Any, state: dict[str, Any], storage_options: Any = None, filter: Any = None
     ) -> None:
-        """Fabric's FSDP2 save, written atomically with a manifest."""
-        module = _module_of(state)
+        """The Trainer's FSDP2 checkpoint (its names for the model, optimizers and LR schedulers), written atomically
+        with a manifest."""
+        module = _unwrapped(the_module(state)[1])
         precision = str(self.precision.precision)
+        checkpoint = with_trainer_keys(sharded_keys(state))
 
         def write(checkpoint: dict[str, Any], partial: Path) -> None:
-            super(FabricFSDP2Strategy, self).save_checkpoint(partial, checkpoint, storage_options, filter)
+            if self.zero.checkpoint_format == "full":
+                _save_full(checkpoint, partial, self.is_global_zero)
+            else:
+                super(FabricFSDP2Strategy, self).save_checkpoint(partial, checkpoint, storage_options, filter)
 
-        save_module_atomically(self, module, precision, dict(state), path, write, self.zero_backend, self.zero.stage)
+        save_module_atomically(self, module, precision, checkpoint, path, write, self.zero_backend, self.zero.stage)
 
     def load_checkpoint(
         self, path: Any, state: Any = None, strict: bool = True, weights_only: bool | None = None
     ) -> dict[str, Any]:
-        """Fabric's FSDP2 load, the checkpoint checked first; one written by another backend is refused (Fabric's
-        FSDP2 format is its own, unlike the DeepSpeed directories that Fabric and the Trainer share)."""
+        """A checkpoint of this backend written by Fabric or the Trainer, checked first; one written by another
+        backend is refused (the Trainer's FSDP2 strategy resumes those)."""
+        if not isinstance(state, dict) or not state:
+            return super().load_checkpoint(path, state, strict, weights_only)  # Fabric's own errors and raw loads
         where = Path(self.broadcast(str(path)))
-        if isinstance(state, dict):
-            check_checkpoint(where, _module_of(state))
+        check_checkpoint(where, _unwrapped(the_module(state)[1]))
         manifest = checkpoint_manifest(where)
         if manifest is not None and manifest.backend != self.zero_backend:
             raise ZeroConfigError(
                 f"'{where}' was written by {describe_manifest(manifest)}: under Fabric an FSDP2 preset resumes FSDP2"
                 " checkpoints only; resume it under a preset of its backend, or under the Trainer."
             )
-        return super().load_checkpoint(where, state, strict, weights_only)
+
+        def load(others: dict[str, Any]) -> dict[str, Any]:
+            if where.is_file():
+                return _load_full(where, others, strict, weights_only)
+            renamed = sharded_keys(others)
+            rest = super(FabricFSDP2Strategy, self).load_checkpoint(where, renamed, strict, weights_only)
+            others.update({key: renamed[key] for key in others if key in renamed})
+            return rest
+
+        return load_with_schedulers(state, strict, load)
 
     def full_state_dict(self, model: nn.Module) -> dict[str, Any]:
         """The whole state dict of ``model`` (as ``fabric.setup`` returned it) on global rank 0, gathered from every
@@ -150,14 +176,49 @@ class FabricFSDP2Strategy(FabricWatchedRanks, ModelParallelStrategy):
         super().teardown()
 
 
-def _module_of(state: dict[str, Any]) -> nn.Module:
-    modules = [value for value in state.values() if isinstance(value, nn.Module)]
-    if len(modules) != 1:
+def _save_full(checkpoint: dict[str, Any], path: Path, is_global_zero: bool) -> None:
+    """The Trainer's one-file FSDP2 checkpoint of a :func:`sharded_keys` state: the full model state dict, each
+    optimizer's full state keyed by parameter position under ``optimizer_states`` (as the Trainer's strategy keys
+    it), on rank 0; collective."""
+    import torch
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, get_optimizer_state_dict
+    from torch.distributed.fsdp import FullyShardedDataParallel, OptimStateKeyType
+
+    options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    module = checkpoint.pop(WEIGHTS)
+    optimizers = [checkpoint.pop(key) for key, _ in optimizers_of(checkpoint)]
+    weights = get_model_state_dict(module, options=options)
+    states = [get_optimizer_state_dict(module, optimizer, options=options) for optimizer in optimizers]
+    if not is_global_zero:
+        return
+    by_position = [
+        FullyShardedDataParallel.rekey_optim_state_dict(state, OptimStateKeyType.PARAM_ID, module) for state in states
+    ]
+    torch.save({**plain(checkpoint), WEIGHTS: weights, OPTIMIZERS: by_position}, path)
+
+
+def _load_full(path: Path, state: dict[str, Any], strict: bool, weights_only: bool | None) -> dict[str, Any]:
+    """A one-file FSDP2 checkpoint of the Trainer's (or :func:`_save_full`'s) into ``state``'s model and optimizers,
+    sharded as they are; returns what was not restored."""
+    import torch
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict, set_optimizer_state_dict
+    from torch.distributed.fsdp import FullyShardedDataParallel, OptimStateKeyType
+
+    module = _unwrapped(the_module(state)[1])
+    options = StateDictOptions(full_state_dict=True, strict=strict)
+    checkpoint = torch.load(path, map_location="cpu", mmap=True, weights_only=weights_only)
+    set_model_state_dict(module, checkpoint.pop(WEIGHTS), options=options)
+    optimizers = optimizers_of(state)
+    saved = checkpoint.pop(OPTIMIZERS, [])
+    if strict and len(saved) != len(optimizers):
         raise ZeroConfigError(
-            f"A checkpoint holds one model set up by `fabric.setup`, but the state has {len(modules)}: pass it as"
-            " `{'model': model, 'optimizer': optimizer, ...}`."
+            f"'{path}' holds {len(saved)} optimizer state(s), the state passes {len(optimizers)} optimizer(s): pass as"
+            " many as it was saved with, or `strict=False`."
         )
-    return _unwrapped(modules[0])
+    for (_, optimizer), by_position in zip(optimizers, saved, strict=False):
+        by_name = FullyShardedDataParallel.rekey_optim_state_dict(by_position, OptimStateKeyType.PARAM_NAME, module)
+        set_optimizer_state_dict(module, optimizer, optim_state_dict=by_name, options=options)
+    return restore_entries(checkpoint, state, strict)
 
 
 def _unwrapped(model: nn.Module) -> nn.Module:

@@ -154,7 +154,7 @@ class FairScaleStrategy(ShardedSetup, WatchedRanks, SafeCheckpoints, DDPStrategy
         options = sharded_ddp_options(self.zero, manual_optimization=not self.lightning_module.automatic_optimization)
         self.model = ShardedDataParallel(self.model, sharded_optimizer=list(self.optimizers), **options)
         for optimizer in self.optimizers:
-            optimizer.zero_grad = _zero_grad_through(self.model, optimizer)  # type: ignore[method-assign]
+            optimizer.zero_grad = zero_grad_through(self.model, optimizer)  # type: ignore[method-assign]
 
     def _adapt_precision_plugin(self) -> None:
         plugin = self.precision_plugin
@@ -230,7 +230,7 @@ def to_oss(optimizer: Optimizer, config: FairScaleZeroConfig) -> OSS:
     return OSS(groups, optim=optimizer_class, **oss_options(config), **defaults)
 
 
-def _zero_grad_through(wrapper: Any, optimizer: OSS) -> Any:
+def zero_grad_through(wrapper: Any, optimizer: OSS) -> Any:
     """``optimizer.zero_grad`` that keeps ShardedDataParallel's gradient buckets intact and clears them.
 
     ``Optimizer.zero_grad`` would set the gradients that are views into SDP's buckets to ``None``, so later
@@ -263,4 +263,11 @@ def _clip_grad_by_norm(optimizer: Optimizer, clip_val: float) -> None:
     clip(clip_val)
 
 
-__all__ = ["FAIRSCALE_MISSING", "FairScaleStrategy", "FairScaleZeroConfig", "require_fairscale", "to_oss"]
+__all__ = [
+    "FAIRSCALE_MISSING",
+    "FairScaleStrategy",
+    "FairScaleZeroConfig",
+    "require_fairscale",
+    "to_oss",
+    "zero_grad_through",
+]

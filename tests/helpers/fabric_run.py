@@ -11,16 +11,19 @@ rank 1; later Fabrics and Trainers of the run find the group there).
 ``fabric_to_trainer`` (Fabric trains the first half, ``fabric.save``; the Trainer resumes from that directory
 through ``ckpt_path`` and trains the second half) and ``trainer_to_fabric`` (the other way round, through
 ``trainer.save_checkpoint`` and ``fabric.load``), each saved as NAME-fabric_to_trainer.pt and so on (and the
-state at the Fabric save as NAME-half.pt). ``--restage A:B`` resumes a Fabric checkpoint of preset A under
-preset B (A-to-B.pt).
+state at the Fabric save as NAME-half.pt). ``NAME@sched`` adds an LR scheduler on both sides, ``NAME@bf16`` a
+scheduler in ``bf16-mixed`` (the run of NAME@VARIANT uninterrupted under Fabric is saved too, NAME@VARIANT.pt),
+``NAME@full`` saves one-file checkpoints (FSDP2's ``checkpoint_format="full"``).
+``--restage A:B`` resumes a Fabric checkpoint of preset A under preset B (A-to-B.pt).
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
@@ -28,7 +31,7 @@ import lightning as L
 import torch
 from torch.utils.data import DataLoader, Subset
 
-import lightning_zero  # noqa: F401  (registers the presets, with Fabric's registry too)
+from lightning_zero import build_fabric_preset, build_preset  # (the import registers the presets, Fabric's too)
 from tests.helpers.tiny import TinyLM, token_data
 from tests.helpers.trainer import end_process_group, quiet_trainer
 
@@ -37,10 +40,50 @@ LR = 1e-2
 WEIGHT_DECAY = 0.01
 
 
-def fabric_for(strategy: str) -> L.Fabric:
-    fabric = L.Fabric(accelerator="cpu", devices=2, strategy=strategy, precision="32-true")
+@dataclass(frozen=True)
+class Variant:
+    """How a run trains besides its strategy: the precision, whether an LR scheduler steps each step, and fields
+    of the preset's config overridden."""
+
+    precision: Literal["32-true", "bf16-mixed"] = "32-true"
+    scheduled: bool = False
+    overrides: tuple[tuple[str, str], ...] = ()
+    #: Micro-batches per step, all but the last backward inside ``fabric.no_backward_sync``.
+    accumulate: int = 1
+    #: ``fabric.clip_gradients`` to this norm before each step.
+    clip: float | None = None
+
+    @staticmethod
+    def of(spec: str) -> tuple[str, Variant]:
+        """``NAME`` or ``NAME@VARIANT`` (a key of :data:`VARIANTS`): the preset and its variant."""
+        name, _, variant = spec.partition("@")
+        return name, VARIANTS[variant]
+
+    def strategy(self, name: str, build: Any) -> Any:
+        """Preset ``name`` by name, or built by ``build`` (Fabric's or the Trainer's) with the overrides."""
+        return build(name, **dict(self.overrides)) if self.overrides else name
+
+
+VARIANTS = {
+    "": Variant(),
+    "sched": Variant(scheduled=True),
+    "bf16": Variant("bf16-mixed", True),
+    "full": Variant(overrides=(("checkpoint_format", "full"),)),
+    "accum": Variant(accumulate=2),
+    "clip": Variant(clip=0.5),  # below the tiny GPT-2's gradient norm (about 1.2 at the start), so clipping acts
+}
+
+
+def fabric_for(strategy: str, variant: Variant = Variant()) -> L.Fabric:
+    chosen = variant.strategy(strategy, build_fabric_preset)
+    fabric = L.Fabric(accelerator="cpu", devices=2, strategy=chosen, precision=variant.precision)
     fabric.launch()
     return fabric
+
+
+def schedule(optimizer: Any) -> Any:
+    """TinyLM's own scheduler, the one the Trainer's side steps."""
+    return torch.optim.lr_scheduler.LinearLR(optimizer, start_factor=1.0, end_factor=0.5, total_iters=20)
 
 
 def samples(rank: int, first_step: int, steps: int) -> Subset[Any]:
@@ -51,22 +94,43 @@ def samples(rank: int, first_step: int, steps: int) -> Subset[Any]:
     return Subset(token_data(), [2 * index + rank for index in range(first, first + BATCH * steps)])
 
 
-def fabric_setup(fabric: L.Fabric) -> tuple[Any, Any]:
+def fabric_setup(fabric: L.Fabric, variant: Variant = Variant()) -> tuple[Any, Any, Any]:
+    """The model, optimizer and (for a scheduled variant) LR scheduler, set up by ``fabric``."""
     module = TinyLM(lr=LR, weight_decay=WEIGHT_DECAY, scheduler=False)
     optimizer = torch.optim.AdamW(module.parameters(), lr=LR, weight_decay=WEIGHT_DECAY)
-    return fabric.setup(module, optimizer)
+    if not variant.scheduled:
+        model, optimizer = fabric.setup(module, optimizer)
+        return model, optimizer, None
+    return fabric.setup(module, optimizer, scheduler=schedule(optimizer))
 
 
-def fabric_train(fabric: L.Fabric, model: Any, optimizer: Any, first_step: int, steps: int) -> list[float]:
+def fabric_train(
+    fabric: L.Fabric,
+    model: Any,
+    optimizer: Any,
+    first_step: int,
+    steps: int,
+    scheduler: Any = None,
+    variant: Variant = Variant(),
+) -> list[float]:
     data = samples(fabric.global_rank, first_step, steps)
     loader = fabric.setup_dataloaders(DataLoader(data, batch_size=BATCH), use_distributed_sampler=False)
     losses = []
     for (input_ids,) in loader:
-        loss = model(input_ids)
-        fabric.backward(loss)
+        micro_batches = input_ids.chunk(variant.accumulate)
+        loss = torch.zeros(())
+        for index, micro_batch in enumerate(micro_batches):
+            with fabric.no_backward_sync(model, enabled=index < len(micro_batches) - 1):
+                micro_loss = model(micro_batch) / len(micro_batches)
+                fabric.backward(micro_loss)
+            loss = loss + micro_loss.detach()
+        if variant.clip is not None:
+            fabric.clip_gradients(model, optimizer, max_norm=variant.clip)
         optimizer.step()
         optimizer.zero_grad()
-        mean = fabric.all_reduce(loss.detach(), reduce_op="mean")
+        if scheduler is not None:
+            scheduler.step()
+        mean = fabric.all_reduce(loss, reduce_op="mean")
         assert isinstance(mean, torch.Tensor)
         losses.append(mean.item())
     return losses
@@ -87,22 +151,33 @@ def save_result(fabric: L.Fabric, out: Path, name: str, losses: list[float], sta
     fabric.barrier()
 
 
-def fabric_run(out: Path, strategy: str, steps: int) -> None:
-    fabric = fabric_for(strategy)
-    model, optimizer = fabric_setup(fabric)
-    losses = fabric_train(fabric, model, optimizer, 0, steps)
-    save_result(fabric, out, strategy, losses, full_state(fabric, model))
+def fabric_run(out: Path, spec: str, steps: int) -> None:
+    strategy, variant = Variant.of(spec)
+    fabric = fabric_for(strategy, variant)
+    model, optimizer, scheduler = fabric_setup(fabric, variant)
+    losses = fabric_train(fabric, model, optimizer, 0, steps, scheduler, variant)
+    save_result(fabric, out, spec, losses, full_state(fabric, model))
 
 
 class TailLM(TinyLM):
     """The tiny LM on the samples of steps ``first_step`` onwards."""
 
-    def __init__(self, first_step: int, steps: int) -> None:
-        super().__init__(lr=LR, weight_decay=WEIGHT_DECAY, scheduler=False, batch_size=BATCH)
+    def __init__(self, first_step: int, steps: int, scheduled: bool = False) -> None:
+        super().__init__(lr=LR, weight_decay=WEIGHT_DECAY, scheduler=scheduled, batch_size=BATCH)
         self.first_step, self.steps = first_step, steps
 
     def train_dataloader(self) -> DataLoader[Any]:
         return DataLoader(samples(self.global_rank, self.first_step, self.steps), batch_size=BATCH)
+
+
+def trainer_for(strategy: str, variant: Variant, steps: int) -> L.Trainer:
+    return quiet_trainer(
+        devices=2,
+        strategy=variant.strategy(strategy, build_preset),
+        max_steps=steps,
+        use_distributed_sampler=False,
+        precision=variant.precision,
+    )
 
 
 def trainer_state(trainer: L.Trainer) -> dict[str, torch.Tensor]:
@@ -110,33 +185,37 @@ def trainer_state(trainer: L.Trainer) -> dict[str, torch.Tensor]:
     return {key: value.detach().float().cpu().clone() for key, value in state.items()}
 
 
-def fabric_to_trainer(out: Path, strategy: str, steps: int) -> None:
+def fabric_to_trainer(out: Path, spec: str, steps: int) -> None:
+    strategy, variant = Variant.of(spec)
     half = steps // 2
-    fabric = fabric_for(strategy)
-    model, optimizer = fabric_setup(fabric)
-    first = fabric_train(fabric, model, optimizer, 0, half)
-    path = out / f"{strategy}-fabric.ckpt"
-    fabric.save(path, {"model": model, "optimizer": optimizer, "global_step": half})
-    save_result(fabric, out, f"{strategy}-half", first, full_state(fabric, model))
-    trainer = quiet_trainer(devices=2, strategy=strategy, max_steps=steps - half, use_distributed_sampler=False)
-    module = TailLM(half, steps - half)
+    fabric = fabric_for(strategy, variant)
+    model, optimizer, scheduler = fabric_setup(fabric, variant)
+    first = fabric_train(fabric, model, optimizer, 0, half, scheduler)
+    path = out / f"{spec}-fabric.ckpt"
+    state = {"model": model, "optimizer": optimizer, "global_step": half}
+    fabric.save(path, state if scheduler is None else {**state, "scheduler": scheduler})
+    save_result(fabric, out, f"{spec}-half", first, full_state(fabric, model))
+    trainer = trainer_for(strategy, variant, steps - half)
+    module = TailLM(half, steps - half, variant.scheduled)
     trainer.fit(module, ckpt_path=path)
-    save_result(fabric, out, f"{strategy}-fabric_to_trainer", first + module.losses, trainer_state(trainer))
+    save_result(fabric, out, f"{spec}-fabric_to_trainer", first + module.losses, trainer_state(trainer))
 
 
-def trainer_to_fabric(out: Path, strategy: str, steps: int) -> None:
+def trainer_to_fabric(out: Path, spec: str, steps: int) -> None:
+    strategy, variant = Variant.of(spec)
     half = steps // 2
-    trainer = quiet_trainer(devices=2, strategy=strategy, max_steps=half, use_distributed_sampler=False)
-    module = TailLM(0, half)
+    trainer = trainer_for(strategy, variant, half)
+    module = TailLM(0, half, variant.scheduled)
     trainer.fit(module)
-    path = out / f"{strategy}-trainer.ckpt"
+    path = out / f"{spec}-trainer.ckpt"
     trainer.save_checkpoint(path)
-    fabric = fabric_for(strategy)
-    model, optimizer = fabric_setup(fabric)
-    rest = fabric.load(path, {"model": model, "optimizer": optimizer})
+    fabric = fabric_for(strategy, variant)
+    model, optimizer, scheduler = fabric_setup(fabric, variant)
+    state = {"model": model, "optimizer": optimizer}
+    rest = fabric.load(path, state if scheduler is None else {**state, "scheduler": scheduler})
     assert rest["global_step"] == half, rest.keys()
-    second = fabric_train(fabric, model, optimizer, half, steps - half)
-    save_result(fabric, out, f"{strategy}-trainer_to_fabric", module.losses + second, full_state(fabric, model))
+    second = fabric_train(fabric, model, optimizer, half, steps - half, scheduler)
+    save_result(fabric, out, f"{spec}-trainer_to_fabric", module.losses + second, full_state(fabric, model))
 
 
 def restage(out: Path, spec: str, steps: int) -> None:
@@ -145,12 +224,12 @@ def restage(out: Path, spec: str, steps: int) -> None:
     first, second = spec.split(":")
     half = steps // 2
     fabric = fabric_for(first)
-    model, optimizer = fabric_setup(fabric)
+    model, optimizer, _ = fabric_setup(fabric)
     losses = fabric_train(fabric, model, optimizer, 0, half)
     path = out / f"{first}-for-{second}.ckpt"
     fabric.save(path, {"model": model, "optimizer": optimizer, "global_step": half})
     fabric = fabric_for(second)
-    model, optimizer = fabric_setup(fabric)
+    model, optimizer, _ = fabric_setup(fabric)
     rest = fabric.load(path, {"model": model, "optimizer": optimizer})
     assert rest["global_step"] == half, rest.keys()
     losses += fabric_train(fabric, model, optimizer, half, steps - half)
@@ -168,9 +247,11 @@ def main() -> None:
     torch.set_num_threads(1)
     for strategy in args.strategies:
         fabric_run(args.out, strategy, args.steps)
-    for strategy in args.resume:
-        fabric_to_trainer(args.out, strategy, args.steps)
-        trainer_to_fabric(args.out, strategy, args.steps)
+    for spec in args.resume:
+        if Variant.of(spec)[1].scheduled:
+            fabric_run(args.out, spec, args.steps)
+        fabric_to_trainer(args.out, spec, args.steps)
+        trainer_to_fabric(args.out, spec, args.steps)
     for spec in args.restage:
         restage(args.out, spec, args.steps)
     end_process_group()
