@@ -67,6 +67,7 @@ __all__ = [
     "sharded_bucket_parameter_ids",
     "stage_throughputs",
     "subcommand_parsers",
+    "torchao_adamw",
     "track_steps_for_scheduler",
     "unwrap_lightning_optimizer",
     "wait_for_sharded_reductions",
@@ -97,6 +98,10 @@ RELIED_ON: dict[str, str] = {
     "torch._C._accelerator_getAllocatorSettings": (
         "zero_auto and the one-card strategy read the allocator settings they switch, to give them back as the user "
         "had them (no public getter; the process's PYTORCH_CUDA_ALLOC_CONF where torch lacks it)"
+    ),
+    "torchao.optim._AdamW": (
+        "`low_memory_optimizer: adamw_bf16`: torchao's AdamW with bf16 stochastic rounding, states in the parameters' "
+        "dtype; torchao exports it only under this name (its 8- and 4-bit AdamW derive from it)"
     ),
     "torch._C._host_emptyCache": (
         "zero_auto gives a trial's page-locked host blocks back on torch builds without the public "
@@ -270,6 +275,13 @@ def extension_build_directory(name: str) -> Path:
     from torch.utils.cpp_extension import _get_build_directory
 
     return Path(_get_build_directory(name, verbose=False))
+
+
+def torchao_adamw() -> Any:
+    """torchao's AdamW whose states keep the parameters' dtype, with bf16 stochastic rounding (``adamw_bf16``)."""
+    from torchao.optim import _AdamW
+
+    return _AdamW
 
 
 def set_backward_sync_control(strategy: Any, control: Any) -> None:
@@ -525,6 +537,7 @@ FUNCTIONS: dict[str, tuple[str, ...]] = {
     "hand_over_strategy": ("lightning.pytorch.trainer.trainer.Trainer.strategy",),
     "set_backward_sync_control": ("lightning.fabric.strategies.ddp.DDPStrategy.__init__",),
     "BackwardSyncControl": ("lightning.fabric.strategies.strategy._BackwardSyncControl",),
+    "torchao_adamw": ("torchao.optim._AdamW",),
     "abstract_tensors": ("torch._subclasses.fake_tensor.FakeTensorMode",),
     "empty_pinned_host_cache": ("torch._C._host_emptyCache",),
     "materialize_meta_module": ("lightning.fabric.utilities.init._materialize_distributed_module",),

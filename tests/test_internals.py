@@ -31,6 +31,7 @@ FINGERPRINTS: dict[str, str] = {
     "torch.cuda.memory._set_allocator_settings": "88de771c75b87a1c",
     "torch._C._accelerator_getAllocatorSettings": "a C function",
     "lightning.pytorch.trainer.trainer.Trainer.strategy": "63bfbecf09333d02",
+    "torchao.optim._AdamW": "e688b40f6710299f",
     "torch._subclasses.fake_tensor.FakeTensorMode": "a3988233f391e892",
     "torch.nn.modules.module.Module._apply": "e50d01ca9c5c9b60",
     "torch.optim.lr_scheduler.LRScheduler.get_last_lr": "904212d938686992",

@@ -19,14 +19,16 @@ HYPER_PARAMETERS = ("lr", "betas", "eps", "weight_decay")
 LOW_MEMORY_CLASSES = {
     "adamw8bit": ("torchao.optim", "AdamW8bit"),
     "adamw4bit": ("torchao.optim", "AdamW4bit"),
-    "adamw_bf16": ("torchao.optim", "_AdamW"),
+    "adamw_bf16": ("lightning_zero.internals", "torchao_adamw"),
     "paged_adamw8bit": ("bitsandbytes.optim", "PagedAdamW8bit"),
 }
-_EXTRA = {"torchao.optim": "torchao", "bitsandbytes.optim": "bitsandbytes"}
+_EXTRA = {"torchao.optim": "torchao", "lightning_zero.internals": "torchao", "bitsandbytes.optim": "bitsandbytes"}
 
 
 def _import_class(module: str, name: str, lever: str) -> Any:
     try:
+        if module == "lightning_zero.internals":  # a private class, reached through a function there
+            return getattr(importlib.import_module(module), name)()
         return getattr(importlib.import_module(module), name)
     except ImportError:
         raise ZeroConfigError(f"`{lever}` needs {_EXTRA[module]}: pip install 'lightning-zero[onecard]'.") from None
@@ -138,7 +140,7 @@ def _require_adamw(source: torch.optim.Optimizer, lever: str) -> None:
 def _low_memory_inner(config: OneCardConfig, groups: Iterable[dict[str, Any]]) -> Any:
     module, name = LOW_MEMORY_CLASSES[config.low_memory_optimizer]
     cls = _import_class(module, name, f"low_memory_optimizer: {config.low_memory_optimizer}")
-    extra = {"bf16_stochastic_round": True} if module == "torchao.optim" else {}
+    extra = {"bf16_stochastic_round": True} if _EXTRA[module] == "torchao" else {}
     groups = list(groups)
     bf16 = all(p.dtype == torch.bfloat16 for group in groups for p in group["params"])
     if config.low_memory_optimizer == "adamw_bf16" and not bf16:
