@@ -14,10 +14,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 import psutil
@@ -307,6 +309,11 @@ def _sample_host(stop: threading.Event, peak: list[float]) -> None:
         peak[0] = max(peak[0], (psutil.virtual_memory().used - base) / GIB)
 
 
+def _log_path(out: str, label: str) -> Path:
+    """Where a row's whole output goes, beside the JSONL (a plain file name: the device copies those back)."""
+    return Path(out).with_name(f"{Path(out).stem}-{re.sub(r'[^A-Za-z0-9_.-]', '_', label)}.log")
+
+
 def campaign(shape: str, labels: list[str], out: str, steps: int, warmup: int, timeout: int) -> None:
     """Each row in its own process, its record (or its failure) appended to ``out`` as it finishes."""
     for label in labels:
@@ -318,13 +325,17 @@ def campaign(shape: str, labels: list[str], out: str, steps: int, warmup: int, t
         started = time.perf_counter()
         try:
             done = subprocess.run(command, capture_output=True, text=True, timeout=timeout)
+            _log_path(out, label).write_text(done.stdout + done.stderr)
             lines = [line for line in done.stdout.splitlines() if line.startswith("ROW ")]
             if lines:
                 record = json.loads(lines[-1][4:])
             else:
                 tail = (done.stderr or done.stdout).strip().splitlines()[-6:]
                 record = {"model": shape, "row": label, "error": " | ".join(tail)[-1500:]}
-        except subprocess.TimeoutExpired:
+        except subprocess.TimeoutExpired as expired:
+            output = (expired.stdout or b"") + (expired.stderr or b"")
+            text = output.decode(errors="replace") if isinstance(output, bytes) else output
+            _log_path(out, label).write_text(text)
             record = {"model": shape, "row": label, "error": f"timed out after {timeout} s"}
         stop.set()
         sampler.join()

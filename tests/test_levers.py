@@ -212,6 +212,25 @@ def test_torchao_cpu_offload_is_exact_adamw_on_cuda() -> None:
     torch.testing.assert_close(_weights(offloaded).cpu(), _weights(plain).cpu(), rtol=0, atol=1e-5)
 
 
+@TORCHAO
+@RunIf(min_cuda_gpus=1)
+def test_a_model_the_cpu_offload_optimizer_stepped_is_freed_once_its_hooks_are_released() -> None:
+    import gc
+    import weakref
+
+    from lightning_zero.strategies.onecard_optim import replace_optimizer
+
+    model = nn.Linear(256, 256, device="cuda")
+    optimizer = replace_optimizer(torch.optim.AdamW(model.parameters()), OneCardConfig(offload_optimizer="cpu"), True)
+    model(torch.randn(4, 256, device="cuda")).sum().backward()
+    optimizer.step()
+    weight = weakref.ref(model.weight)
+    optimizer.remove_hooks()
+    del model, optimizer
+    gc.collect()
+    assert weight() is None  # torchao's own hook held it through autograd, out of the collector's sight
+
+
 def _fit_cuda(strategy: Any) -> Regressor:
     module = Regressor()
     pl.Trainer(

@@ -383,6 +383,9 @@ class ZeroAutoStrategy(ZeroStrategy):
         self._reset_peak()
         outcome = run_trial(opener(trainer, module, batch, candidate), steps, self.root_device)
         peak = self._peak_allocated()
+        if self.root_device.type == "cuda":  # what a trial left behind would be missing from the run's budget
+            left = torch.cuda.memory_allocated(self.root_device) / GIB
+            rank_zero_info(f"zero_auto: {left:.2f} GiB allocated on the device after timing {candidate.name}.")
         ran = self.reduce_boolean_decision(outcome.ran, all=True)
         samples_seen = candidate.micro_batch * candidate.accumulation * self.world_size * outcome.steps
         rate = float(self.broadcast(samples_seen / outcome.seconds if outcome.seconds > 0 else 0.0))
