@@ -12,6 +12,9 @@ import lightning_zero  # noqa: F401  (registers the presets for every test)
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from tests.helpers.launch import run_script
+from tests.helpers.shared_launch import STEPS, SharedLaunch, wanted_runs
+
 
 @pytest.fixture(scope="module")
 def one_thread() -> Iterator[None]:
@@ -86,3 +89,30 @@ def _check_marked(item: pytest.Item) -> Iterator[None]:
     yield
     if _PYTHONS_STARTED and item.get_closest_marker("multiprocess") is None:
         pytest.fail(f"{item.nodeid} started {_PYTHONS_STARTED[0]!r}: mark it @pytest.mark.multiprocess", pytrace=False)
+
+
+_HELPERS = _REPO / "tests" / "helpers"
+
+
+@pytest.fixture(scope="session")
+def backend_launch(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> SharedLaunch:
+    """helpers/backend_runs.py, STEPS steps: the ``BACKEND_RUNS`` of every module that uses this fixture in one
+    2-process launch, then their ``BACKEND_LOADS`` (1 process, of checkpoints the first launch saved) in another."""
+    out = tmp_path_factory.mktemp("backend_runs")
+    runs = wanted_runs(request.session, "backend_launch", "BACKEND_RUNS")
+    outputs = [run_script(_HELPERS / "backend_runs.py", str(out), "--steps", str(STEPS), "--runs", *runs, timeout=1200)]
+    if loads := wanted_runs(request.session, "backend_launch", "BACKEND_LOADS"):
+        arguments = ["--devices", "1", "--steps", str(STEPS), "--runs", *loads]
+        outputs.append(run_script(_HELPERS / "backend_runs.py", str(out), *arguments, timeout=300))
+    return SharedLaunch.of(out, outputs)
+
+
+@pytest.fixture(scope="session")
+def parity_launch(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> SharedLaunch:
+    """helpers/parity_run.py, STEPS steps: the ``PARITY_RUNS`` of every module that uses this fixture, one launch."""
+    out = tmp_path_factory.mktemp("parity_runs")
+    runs = wanted_runs(request.session, "parity_launch", "PARITY_RUNS")
+    output = run_script(
+        _HELPERS / "parity_run.py", str(out), "--steps", str(STEPS), "--strategies", *runs, timeout=1200
+    )
+    return SharedLaunch.of(out, [output])

@@ -22,29 +22,26 @@ from lightning_zero import DeepSpeedZeroConfig, ZeroConfig
 from lightning_zero.strategies.fairscale_config import FairScaleZeroConfig
 from lightning_zero.strategies.fsdp2_config import FSDP2ZeroConfig
 from tests.helpers.backend_runs import SWITCH_CONFIG, result_name
-from tests.helpers.launch import run_script
 from tests.helpers.runif import RunIf
+from tests.helpers.shared_launch import STEPS, SharedLaunch
 from tests.helpers.tiny import TinyLM
 
-RUNNER = Path(__file__).parent / "helpers" / "backend_runs.py"
 BACKENDS: dict[str, type[ZeroConfig]] = {
     "lightning_zero.strategies.deepspeed.ZeroStrategy": DeepSpeedZeroConfig,
     "lightning_zero.strategies.fairscale.FairScaleStrategy": FairScaleZeroConfig,
     "lightning_zero.strategies.fsdp2.FSDP2Strategy": FSDP2ZeroConfig,
 }
 TOLERANCE = 1e-6
-STEPS = 12
 pytestmark = RunIf(fairscale=True)  # one of the three backends
 
 
+BACKEND_RUNS = ["train:ddp", *(f"switch:{b}" for b in BACKENDS)]
+
+
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("switch")
-    # DeepSpeed compiles its CPU communication op on first use (about a minute, then cached).
-    run_script(
-        RUNNER, str(out), "--steps", str(STEPS), "--runs", "train:ddp", *(f"switch:{b}" for b in BACKENDS), timeout=600
-    )
-    return out
+def runs(backend_launch: SharedLaunch) -> Path:
+    """Where this module's runs wrote their results (a launch shared with other modules: tests/conftest.py)."""
+    return backend_launch.out
 
 
 def load(out: Path, run: str) -> dict:

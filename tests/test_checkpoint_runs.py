@@ -53,6 +53,7 @@ from lightning_zero.checkpoint.validate import check_checkpoint
 from tests.helpers.backend_runs import ShortEpochLM
 from tests.helpers.checkpoint_run import DropoutLM
 from tests.helpers.launch import REPO, run_script
+from tests.helpers.shared_launch import SharedLaunch
 from tests.helpers.trainer import quiet_trainer
 
 RUNNER = Path(__file__).parent / "helpers" / "checkpoint_run.py"
@@ -77,11 +78,19 @@ CROSS_SOURCES = sorted({pair.split(">")[0] for pair in CROSS + WEIGHTS_ONLY_CROS
 
 
 @pytest.fixture(scope="module")
-def resumed(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def two_processes(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Every 2-process run of the module, in one launch: the exact resumes, the sources of the cross resumes, the
+    pruned run, and the grouped sources with their same-size resumes at another stage (:func:`regrouped`)."""
     out = tmp_path_factory.mktemp("resume")
     runs = [f"resume:{name}" for name in STRATEGIES] + [f"plain:{name}" for name in CROSS_SOURCES] + ["prune:zero3"]
-    run_script(RUNNER, str(out), "--steps", str(STEPS), "--every", str(EVERY), "--runs", *runs, timeout=600)
+    runs += [*(f"grouped:{name}" for name in GROUPED_SOURCES), *(f"grouped-cross:{pair}" for pair in SAME_SIZE)]
+    run_script(RUNNER, str(out), "--steps", str(STEPS), "--every", str(EVERY), "--runs", *runs, timeout=1200)
     return out
+
+
+@pytest.fixture(scope="module")
+def resumed(two_processes: Path) -> Path:
+    return two_processes
 
 
 def max_difference(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
@@ -270,13 +279,25 @@ def test_save_top_k_prunes_sharded_directories(resumed: Path) -> None:
     assert sorted(path.name for path in (resumed / "ckpt-prune-zero3").iterdir()) == ["epoch=0-step=6.ckpt"]
 
 
+CROSS_RUNS = [*(f"cross:{pair}" for pair in CROSS + WEIGHTS_ONLY_CROSS), f"cross-fresh-optimizer:{CROSS[1]}"]
+
+
 @pytest.fixture(scope="module")
-def crossed(resumed: Path) -> Path:
-    runs = [*(f"cross:{pair}" for pair in CROSS + WEIGHTS_ONLY_CROSS), f"cross-fresh-optimizer:{CROSS[1]}"]
+def one_process(two_processes: Path) -> tuple[Path, dict[str, int]]:
+    """Every 1-process run of the module, in one launch after the 2-process one: the cross resumes (their output
+    in ``crossed.log``) and the resized resumes of the grouped sources; with the inode of each grouped source's
+    universal form before this launch (a second resume must reuse it, not convert again)."""
+    universal = {source: universal_of(two_processes, source).stat().st_ino for source in _sources(RESIZED)}
+    runs = [*CROSS_RUNS, *(f"grouped-cross:{pair}" for pair in RESIZED)]
     arguments = ["--devices", "1", "--steps", str(STEPS), "--every", str(EVERY), "--runs", *runs]
-    output = run_script(RUNNER, str(resumed), *arguments)
-    (resumed / "crossed.log").write_text(output)
-    return resumed
+    launch = SharedLaunch.of(two_processes, [run_script(RUNNER, str(two_processes), *arguments, timeout=1200)])
+    (two_processes / "crossed.log").write_text(launch.log(CROSS_RUNS))
+    return two_processes, universal
+
+
+@pytest.fixture(scope="module")
+def crossed(one_process: tuple[Path, dict[str, int]]) -> Path:
+    return one_process[0]
 
 
 def cross_result(directory: Path, kind: str, pair: str) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -340,21 +361,15 @@ RESIZED = [
 
 
 @pytest.fixture(scope="module")
-def regrouped(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("regrouped")
-    runs = [*(f"grouped:{name}" for name in GROUPED_SOURCES), *(f"grouped-cross:{pair}" for pair in SAME_SIZE)]
-    run_script(RUNNER, str(out), "--devices", "2", "--steps", str(STEPS), "--every", str(EVERY), "--runs", *runs)
-    return out
+def regrouped(two_processes: Path) -> Path:
+    return two_processes
 
 
 @pytest.fixture(scope="module")
-def resized(regrouped: Path) -> tuple[Path, dict[str, int]]:
-    """The 1-process resumes, after the 2-process ones converted every source once; with the inode of each
-    source's universal form before this launch (a second resume must reuse it, not convert again)."""
-    universal = {source: universal_of(regrouped, source).stat().st_ino for source in _sources(RESIZED)}
-    runs = [f"grouped-cross:{pair}" for pair in RESIZED]
-    run_script(RUNNER, str(regrouped), "--devices", "1", "--steps", str(STEPS), "--every", str(EVERY), "--runs", *runs)
-    return regrouped, universal
+def resized(one_process: tuple[Path, dict[str, int]]) -> tuple[Path, dict[str, int]]:
+    """The 1-process resumes, after the 2-process ones converted every source once, and the inodes of
+    :func:`one_process`."""
+    return one_process
 
 
 def _sources(pairs: list[str]) -> list[str]:

@@ -42,17 +42,17 @@ from tests.helpers.backend_runs import result_name
 from tests.helpers.launch import run_script
 from tests.helpers.parity import assert_same_training, load_result, max_weight_difference
 from tests.helpers.runif import RunIf
+from tests.helpers.shared_launch import STEPS, SharedLaunch
 
 RUNNER = Path(__file__).parent / "helpers" / "backend_runs.py"
 PRESETS = ["zero1_fairscale", "zero2_fairscale"]
 GAN = {"zero1_fairscale+find_unused_parameters=true": "ddp_find_unused_parameters_true", "zero2_fairscale": None}
 EXACT = {"loss": 1e-6, "weight": 1e-6}
 REORDERED = {"loss": 1e-5, "weight": 1e-3}
-STEPS = 12
 COMPILED = "train:zero2_fairscale+activation_checkpointing=true+compile_blocks=true"
 needs_fairscale = RunIf(fairscale=True)
 
-RUNS = [
+BACKEND_RUNS = [
     "train:ddp",
     *(f"train:{name}" for name in PRESETS),
     "train-bf16:ddp",
@@ -67,12 +67,15 @@ RUNS = [
 ]
 
 
+#: 1-process resumes of checkpoints the 2-process runs saved.
+BACKEND_LOADS = [f"load:{name}" for name in PRESETS]
+
+
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory: pytest.TempPathFactory) -> SimpleNamespace:
-    out = tmp_path_factory.mktemp("fairscale")
-    log = run_script(RUNNER, str(out), "--steps", str(STEPS), "--runs", *RUNS, timeout=600)
-    run_script(RUNNER, str(out), "--devices", "1", "--steps", str(STEPS), "--runs", *(f"load:{n}" for n in PRESETS))
-    return SimpleNamespace(out=out, log=log)
+def runs(backend_launch: SharedLaunch) -> SimpleNamespace:
+    """Results of this module's runs, and the output of its 2-process runs (shared with other modules' launches:
+    tests/conftest.py)."""
+    return SimpleNamespace(out=backend_launch.out, log=backend_launch.log(BACKEND_RUNS))
 
 
 def load(runs: SimpleNamespace, run: str) -> dict:

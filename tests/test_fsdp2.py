@@ -37,6 +37,7 @@ from tests.helpers.backend_runs import result_name
 from tests.helpers.launch import run_script
 from tests.helpers.parity import assert_same_training, load_result, max_weight_difference
 from tests.helpers.runif import RunIf
+from tests.helpers.shared_launch import STEPS, SharedLaunch
 
 RUNNER = Path(__file__).parent / "helpers" / "backend_runs.py"
 PRESETS = ["zero2_fsdp", "zero3_fsdp", "zero3_offload_fsdp"]
@@ -45,11 +46,10 @@ CHECKPOINTED = [*PRESETS, FULL]
 EXACT = {"loss": 1e-6, "weight": 1e-6}
 REORDERED = {"loss": 1e-5, "weight": 1e-3}
 BF16_LOSS = 5e-2
-STEPS = 12
 COMPILED = "train:zero3_fsdp+compile_blocks=true"
 UNFUSED = "train:zero3_offload_fsdp+fused_adam_for_offload=false"
 
-RUNS = [
+BACKEND_RUNS = [
     "train:ddp",
     *(f"train:{name}" for name in PRESETS),
     UNFUSED,
@@ -65,13 +65,15 @@ RUNS = [
 ]
 
 
+#: 1-process resumes of checkpoints the 2-process runs saved.
+BACKEND_LOADS = ["load:zero3_fsdp", f"load:{FULL}"]
+
+
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory: pytest.TempPathFactory) -> SimpleNamespace:
-    out = tmp_path_factory.mktemp("fsdp2")
-    log = run_script(RUNNER, str(out), "--steps", str(STEPS), "--runs", *RUNS, timeout=600)
-    loads = ["load:zero3_fsdp", f"load:{FULL}"]
-    run_script(RUNNER, str(out), "--devices", "1", "--steps", str(STEPS), "--runs", *loads, timeout=300)
-    return SimpleNamespace(out=out, log=log)
+def runs(backend_launch: SharedLaunch) -> SimpleNamespace:
+    """Results of this module's runs, and the output of its 2-process runs (shared with other modules' launches:
+    tests/conftest.py)."""
+    return SimpleNamespace(out=backend_launch.out, log=backend_launch.log(BACKEND_RUNS))
 
 
 def load(runs: SimpleNamespace, run: str) -> dict:

@@ -23,16 +23,15 @@ from tests.helpers.launch import run_script
 from tests.helpers.parity import load_result as load
 from tests.helpers.parity import max_weight_difference
 from tests.helpers.runif import RunIf
+from tests.helpers.shared_launch import STEPS, SharedLaunch
 from tests.helpers.tiny import TinyLM, token_data
 
-RUNNER = Path(__file__).parent / "helpers" / "parity_run.py"
 DATA = Path(__file__).parent / "data"
 EXACT = {"loss": 1e-6, "weight": 1e-6}
 CPU_ADAM = {"loss": 1e-5, "weight": 5e-4}
 PRESETS = {"zero1": EXACT, "zero2": EXACT, "zero3": EXACT, "zero2_offload": CPU_ADAM, "zero3_offload": CPU_ADAM}
 CONFIG_FILES = {"ds_no_clipping": EXACT, "ds_auto": EXACT}
 COMPILED = "compiled:zero2"
-STEPS = 12
 
 
 NEEDS_LIBAIO = RunIf(libaio=True)
@@ -40,15 +39,16 @@ NVME = not NEEDS_LIBAIO.args[0]
 NVME_PRESET = pytest.param("zero3_offload_nvme", marks=NEEDS_LIBAIO)
 
 
+FILES = [f"config:{DATA / 'ds_no_clipping.json'}", f"config:{DATA / 'ds_auto.yaml'}"]
+PARITY_RUNS = ["ddp", *PRESETS, *FILES, *(["nvme:nvme"] if NVME else []), COMPILED]
+
+
 @pytest.fixture(scope="module")
-def parity_runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("parity")
-    files = [f"config:{DATA / 'ds_no_clipping.json'}", f"config:{DATA / 'ds_auto.yaml'}"]
-    nvme = [f"nvme:{tmp_path_factory.mktemp('nvme')}"] if NVME else []
-    specs = ["ddp", *PRESETS, *files, *nvme, COMPILED]
-    log = run_script(RUNNER, str(out), "--steps", str(STEPS), "--strategies", *specs, timeout=900)
-    (out / "launch.log").write_text(log)
-    return out
+def parity_runs(parity_launch: SharedLaunch) -> Path:
+    """Where this module's runs wrote their results, with ``launch.log``: the output of those runs (the launch is
+    shared with other modules: tests/conftest.py)."""
+    (parity_launch.out / "launch.log").write_text(parity_launch.log(PARITY_RUNS))
+    return parity_launch.out
 
 
 @pytest.mark.multiprocess

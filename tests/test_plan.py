@@ -1,6 +1,6 @@
 """The plan's model-state numbers are the real partitions; the probe measures activations; the CLI prints a table.
 
-The partition test trains one step under each backend in one 2-process CPU launch (helpers/parity_run.py) and
+The partition test trains under each backend in one 2-process CPU launch (helpers/parity_run.py) and
 compares each rank's measured footprint with the plan's element counts for the most loaded rank.
 """
 
@@ -27,9 +27,9 @@ from lightning_zero.memory.probe import (
 )
 from lightning_zero.memory.states import Layout, ParameterShapes, flat_partition, model_states, row_shard
 from tests.helpers.launch import REPO, run_script
+from tests.helpers.shared_launch import SharedLaunch
 from tests.helpers.tiny import TinyLM
 
-RUNNER = Path(__file__).parent / "helpers" / "parity_run.py"
 CLI_TINY = Path(__file__).parent / "data" / "cli_tiny.yaml"
 MEASURED = {
     "zero1": Layout("deepspeed", 1),
@@ -39,11 +39,14 @@ MEASURED = {
 }
 
 
+PARITY_RUNS = list(MEASURED)
+
+
 @pytest.fixture(scope="module")
-def footprints(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("footprints")
-    run_script(RUNNER, str(out), "--steps", "1", "--strategies", *MEASURED, timeout=600)
-    return out
+def footprints(parity_launch: SharedLaunch) -> Path:
+    """Where the runs of :data:`MEASURED` wrote their results (a launch shared with other modules: tests/conftest.py;
+    the footprints, taken at the end, do not depend on the number of steps)."""
+    return parity_launch.out
 
 
 @pytest.mark.multiprocess

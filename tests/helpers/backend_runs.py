@@ -42,6 +42,7 @@ from torch.utils.data import DataLoader, TensorDataset
 import lightning_zero  # noqa: F401  (registers the presets)
 from lightning_zero.memory.footprint import rank_footprint
 from lightning_zero.presets import build_preset, preset_names
+from tests.helpers.shared_launch import announce
 from tests.helpers.tiny import TinyLM, token_data
 from tests.helpers.trainer import end_process_group, quiet_trainer
 
@@ -278,6 +279,7 @@ def main() -> None:
     ACCELERATOR = args.accelerator
     args.out.mkdir(parents=True, exist_ok=True)
     for run in args.runs:
+        announce(run)
         result = execute(run, args)
         if result is not None:
             torch.save(result, args.out / f"{result_name(run)}.pt")

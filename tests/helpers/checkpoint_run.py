@@ -49,6 +49,7 @@ from lightning_zero.checkpoint import atomic
 from lightning_zero.checkpoint.by_name import parameter_names
 from lightning_zero.checkpoint.resume import ExactResume, WeightsOnlyResume
 from tests.helpers.backend_runs import ShortEpochLM
+from tests.helpers.shared_launch import announce
 from tests.helpers.tiny import TinyLM, tiny_gpt2_config, token_data
 from tests.helpers.trainer import end_process_group, quiet_trainer
 
@@ -358,6 +359,7 @@ def main() -> None:
     torch.set_num_threads(1)
     args.out.mkdir(parents=True, exist_ok=True)
     for run in args.runs:
+        announce(run)
         kind, spec = run.split(":", 1)
         result = KINDS[kind](spec, args)
         if result is not None:

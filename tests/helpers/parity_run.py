@@ -26,27 +26,30 @@ import torch
 import lightning_zero  # noqa: F401  (registers the presets)
 from lightning_zero import ZeroStrategy, build_preset
 from lightning_zero.memory.footprint import rank_footprint
+from tests.helpers.shared_launch import announce
 from tests.helpers.tiny import TinyLM
 from tests.helpers.trainer import end_process_group, quiet_trainer
 
 
-def make_strategy(spec: str) -> Any:
+def make_strategy(spec: str, out: Path) -> Any:
     """A registered name, ``config:PATH`` for a ZeroStrategy built from a DeepSpeed config file, or
-    ``nvme:DIR`` for the NVMe offload preset swapping into DIR."""
+    ``nvme:DIR`` for the NVMe offload preset swapping into DIR (a relative DIR: inside ``out``)."""
     if spec.startswith("config:"):
         return ZeroStrategy(deepspeed_config=spec.removeprefix("config:"))
     if spec.startswith("nvme:"):
-        return build_preset("zero3_offload_nvme", nvme_path=spec.removeprefix("nvme:"))
+        swap = out / spec.removeprefix("nvme:")
+        swap.mkdir(parents=True, exist_ok=True)
+        return build_preset("zero3_offload_nvme", nvme_path=str(swap))
     if spec.startswith("compiled:"):
         return build_preset(spec.removeprefix("compiled:"), compile_blocks=True)
     return spec
 
 
-def make_trainer(spec: str, steps: int, precision: Any, accelerator: str = "cpu") -> L.Trainer:
+def make_trainer(spec: str, steps: int, precision: Any, out: Path, accelerator: str = "cpu") -> L.Trainer:
     return quiet_trainer(
         accelerator=accelerator,
         devices=2,
-        strategy=make_strategy(spec),
+        strategy=make_strategy(spec, out),
         precision=precision,
         max_steps=steps,
         enable_checkpointing=False,
@@ -64,7 +67,7 @@ def result_name(spec: str) -> str:
 def train(spec: str, steps: int, precision: str, out: Path, accelerator: str) -> None:
     L.seed_everything(7)
     module = TinyLM()
-    trainer = make_trainer(spec, steps, precision, accelerator=accelerator)
+    trainer = make_trainer(spec, steps, precision, out, accelerator=accelerator)
     trainer.fit(module)
     footprint = torch.tensor(astuple(rank_footprint(module, trainer.optimizers)), device=trainer.strategy.root_device)
     footprints = trainer.strategy.all_gather(footprint).tolist()
@@ -106,6 +109,7 @@ def main() -> None:
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     for spec in args.strategies:
+        announce(spec)
         train(spec, args.steps, args.precision, args.out, args.accelerator)
     end_process_group()
 
