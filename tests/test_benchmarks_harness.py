@@ -150,7 +150,9 @@ def test_set_batch_rows_skip_the_search_and_zero_auto_rows_report_their_choice(t
     auto = rows["zero_auto@4"]["measure"]["auto"]
     micro = rows["zero_auto@4"]["measure"]["batch"]
     assert micro * auto["accumulation"] == 4, "zero_auto keeps the dataloader's batch as the global batch"
-    assert len(auto["trials"]) == 2 and auto["chosen"] in {name for name, *_ in auto["trials"]}
+    tried = [name for name, *_ in auto["trials"]]
+    # On one device the one-card lever is timed first, beyond max_trials (2 DeepSpeed candidates).
+    assert len(tried) == 3 and tried[0].startswith("onecard_step_in_backward") and auto["chosen"] in tried
     assert rows["zero_auto+max"]["measure"]["batch"] > 4, "batch_size max trains a larger micro-batch"
     table = (out / "table.md").read_text()
     assert f"| zero_auto@4 | {micro} (zero_auto chose {auto['chosen']}) |" in table
