@@ -343,6 +343,7 @@ def test_zero_auto_times_the_one_card_levers_beside_deepspeed_and_trains_with_th
     handed_over = searched["chosen"].startswith("onecard")
     assert searched["trained_by"] == ("ChosenOneCard" if handed_over else "ZeroAutoStrategy")
     assert len(searched["losses"]) == 4 and searched["hooks_left"] == 0
+    assert searched["run_samples_per_sec"] > 0  # the run's own rate, said beside its trial's
 
 
 @pytest.mark.multiprocess
@@ -351,5 +352,6 @@ def test_a_run_handed_to_a_one_card_lever_trains_as_that_preset_by_name(
 ) -> None:
     cached, plain = auto_on_one_card["cached"], auto_on_one_card["plain"]
     assert cached["from_cache"] and cached["trained_by"] == "ChosenOneCard" and plain["trained_by"] == "OneCardStrategy"
+    assert not cached["timed"]  # no trial ran to compare the run with
     assert cached["losses"] == plain["losses"] and cached["weights"] == plain["weights"]  # the same steps, bit for bit
     assert not cached["process_group_left"] and cached["hooks_left"] == 0  # the trials' DeepSpeed world ended

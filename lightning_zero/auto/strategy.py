@@ -31,6 +31,7 @@ from torch import nn
 
 from lightning_zero.auto.cache import cached_choice, choice_key, package_versions, store_choice
 from lightning_zero.auto.plan import PlanRow, candidate_layouts, make_plan
+from lightning_zero.auto.run_rate import RunAgainstTrial
 from lightning_zero.auto.search import (
     APPROXIMATE_LEVERS,
     BF16_STATES,
@@ -204,6 +205,7 @@ class ZeroAutoStrategy(ZeroStrategy):
         self.plan_rows: list[PlanRow] = []
         self.from_cache = False
         self.handed_over_to: OneCardStrategy | None = None
+        self.run_against_trial: RunAgainstTrial | None = None
         self._allocator_before: str | None = None
 
     def setup(self, trainer: Any) -> None:
@@ -222,6 +224,7 @@ class ZeroAutoStrategy(ZeroStrategy):
         trainer.accumulate_grad_batches = candidate.accumulation
         self.chosen = candidate
         rank_zero_info(f"zero_auto chose {candidate.name}.")
+        self._time_the_run(trainer, candidate)
         if candidate.layout.backend == "onecard":
             self._hand_over(trainer, candidate)
             return
@@ -234,6 +237,15 @@ class ZeroAutoStrategy(ZeroStrategy):
         if self._allocator_before is not None:
             restore_allocator(self._allocator_before)
             self._allocator_before = None
+
+    def _time_the_run(self, trainer: Any, candidate: Candidate) -> None:
+        """Have the run say its samples/s beside its trial's (:attr:`run_against_trial`; not for a cached choice)."""
+        trial = next((m for m in self.trials if m.candidate == candidate and m.fits), None)
+        if trial is None:
+            return
+        per_step = candidate.micro_batch * candidate.accumulation * self.world_size
+        self.run_against_trial = RunAgainstTrial(trial.samples_per_sec, per_step, self.auto.warmup_steps)
+        trainer.callbacks.append(self.run_against_trial)
 
     def _hand_over(self, trainer: Any, candidate: Candidate) -> None:
         """Go on with the run under the one-card strategy of ``candidate``: Lightning fixes a Trainer's strategy

@@ -57,6 +57,7 @@ def main() -> None:
     searched = fit(strategy)
     searched["tried"] = [(m.candidate.name, m.fits, m.samples_per_sec, m.reason) for m in strategy.trials]
     searched["chosen"] = strategy.chosen.name
+    searched["run_samples_per_sec"] = strategy.run_against_trial.samples_per_sec
     (out / "search.json").write_text(json.dumps(searched))
 
     (key,) = json.loads(cache.read_text())
@@ -66,7 +67,9 @@ def main() -> None:
     cache.write_text(json.dumps({key: entry}))
     strategy = auto(cache)
     cached = fit(strategy)
-    cached.update(chosen=strategy.chosen.name, from_cache=strategy.from_cache)
+    cached.update(
+        chosen=strategy.chosen.name, from_cache=strategy.from_cache, timed=strategy.run_against_trial is not None
+    )
     (out / "cached.json").write_text(json.dumps(cached))
 
     (out / "plain.json").write_text(json.dumps(fit(build_preset("onecard_step_in_backward"))))
