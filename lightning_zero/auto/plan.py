@@ -38,7 +38,7 @@ def candidate_layouts(partial_ratio: float = PARTIAL_OFFLOAD_RATIO) -> list[Layo
         Layout("deepspeed", 3, offload_optimizer=True),
     ]
     unique = list(dict.fromkeys([Layout("ddp", 0), *presets, *between]))
-    unique.sort(key=lambda layout: (_BACKEND_ORDER.index(layout.backend), _memory_saving(layout)))
+    unique.sort(key=lambda layout: (_BACKEND_ORDER.index(layout.backend), layout.memory_saving))
     variants = []
     for layout in unique:
         for ckpt in (False, True):
@@ -48,11 +48,6 @@ def candidate_layouts(partial_ratio: float = PARTIAL_OFFLOAD_RATIO) -> list[Layo
 
 
 _BACKEND_ORDER = ("ddp", "deepspeed", "fairscale", "fsdp2", "onecard")
-
-
-def _memory_saving(layout: Layout) -> tuple[int, int, float, int]:
-    offload = int(layout.offload_optimizer) + int(layout.offload_parameters)
-    return offload, layout.stage, layout.offload_ratio, int(layout.approximate)
 
 
 def buffer_bytes(shapes: ParameterShapes, layout: Layout, precision: str) -> int:

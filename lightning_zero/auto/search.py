@@ -87,13 +87,11 @@ def largest_divisor_at_most(value: int, limit: int) -> int:
     return max((d for d in range(1, min(value, limit) + 1) if value % d == 0), default=0)
 
 
-def _prior(row: PlanRow, micro: int) -> tuple[int, int, int, int, int]:
+def _prior(row: PlanRow, micro: int) -> tuple[int, int, int, int]:
     """Order of trial: no offload first, then larger micro-batches, no checkpointing, stage 2 before 1 and 3."""
     layout = row.layout
     offload = int(layout.offload_optimizer) + int(layout.offload_parameters) + int(layout.offload_ratio < 1.0)
-    offload += int(layout.activation_offload)
-    order = (offload, -micro, int(layout.activation_checkpointing), {2: 0, 1: 1, 3: 2}.get(layout.stage, 3))
-    return (*order, int(layout.approximate))
+    return (offload, -micro, int(layout.activation_checkpointing), {2: 0, 1: 1, 3: 2}.get(layout.stage, 3))
 
 
 def approximate_levers(approximate: bool, precision: str, cpu_adam_for_offload: bool, on_cuda: bool) -> tuple[str, ...]:

@@ -160,8 +160,8 @@ def trial_settings(base: AutoZeroConfig, candidate: Candidate, values: TrainerVa
 
 
 def candidate_onecard(base: AutoZeroConfig, candidate: Candidate) -> OneCardConfig:
-    """The one-card settings of a run of ``candidate`` (a one-card layout): its levers, ``base``'s budget, allocator
-    setting and block compilation."""
+    """The one-card settings of a run of ``candidate`` (a one-card layout): its levers, ``base``'s budget and
+    allocator setting."""
     layout = candidate.layout
     if layout.approximate and not base.approximate:
         raise ZeroConfigError(f"`{layout.name}` is approximate: zero_auto tries it only with `approximate: true`.")
@@ -390,7 +390,7 @@ class ZeroAutoStrategy(ZeroStrategy):
         rank_zero_info(f"zero_auto: timing {candidate.name} ...")  # a run ended mid-trial says which one
         onecard = candidate.layout.backend == "onecard"
         opener = self._onecard_steps if onecard else self._engine_steps
-        steps = StepPlan(candidate.accumulation, self.auto.warmup_steps, self.auto.trial_steps)
+        steps = StepPlan(self.auto.warmup_steps, self.auto.trial_steps)
         # The whole process's peak counts: memory earlier trials left allocated will be there in the run too.
         self._reset_peak()
         outcome = run_trial(opener(trainer, module, batch, candidate), steps, self.root_device)

@@ -44,9 +44,8 @@ class TrialOutcome:
 
 @dataclass(frozen=True)
 class StepPlan:
-    """How a trial steps: micro-batches per optimizer step, untimed steps, and timed steps wanted."""
+    """How a trial steps: untimed steps, and timed steps wanted."""
 
-    accumulation: int
     warmup_steps: int
     trial_steps: int
 

@@ -27,18 +27,14 @@ def preset_layout(preset: Preset) -> Layout:
     return Layout.of(preset.backend, preset.fields)
 
 
-def _memory_saving(layout: Layout) -> tuple[int, int]:
-    return int(layout.offload_optimizer) + int(layout.offload_parameters), layout.stage
-
-
 def escalation(backend: str) -> list[tuple[str, Layout]]:
     """The presets ``backend`` can switch to, least sharding and offload first; a backend with no CPU-offload
     preset of its own ends with DeepSpeed's that offloads most. NVMe is left out (it needs a path)."""
     presets = [preset for preset in PRESETS if preset.backend == backend and "nvme" not in preset.fields.values()]
-    own = sorted(((preset.name, preset_layout(preset)) for preset in presets), key=lambda item: _memory_saving(item[1]))
+    own = sorted(((preset.name, preset_layout(preset)) for preset in presets), key=lambda item: item[1].memory_saving)
     if own and not any(layout.offload_optimizer for _, layout in own):
         deepspeed = escalation("deepspeed")
-        own.append(max(deepspeed, key=lambda item: _memory_saving(item[1])))
+        own.append(max(deepspeed, key=lambda item: item[1].memory_saving))
     return own
 
 

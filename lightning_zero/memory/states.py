@@ -105,6 +105,13 @@ class Layout:
         return {name: getattr(self, name) for name in ONECARD_DEFAULTS}
 
     @property
+    def memory_saving(self) -> tuple[int, int, float, int]:
+        """How much memory this layout saves, to sort by, least first: offload targets, stage, the offloaded share
+        (a partial optimizer offload saves less), then a low-memory optimizer."""
+        offloads = int(self.offload_optimizer) + int(self.offload_parameters)
+        return offloads, self.stage, self.offload_ratio, int(self.approximate)
+
+    @property
     def approximate(self) -> bool:
         """Whether training under this layout does not compute exact AdamW (a low-memory optimizer)."""
         return self.low_memory_optimizer != "none"
