@@ -139,9 +139,10 @@ class Timer:
         }
 
 
-def _user_module(model: Any, own_loss: bool, ids: torch.Tensor, micro: int) -> Any:
-    """A user's own LightningModule around ``model``: our chunked loss, or (``own_loss``) the model's own; its loader
-    of ``ids`` reads ``batch_size`` (``zero_auto`` sets it to the micro-batch it chose)."""
+def _user_module(model: Any, by_hand: bool, ids: torch.Tensor, micro: int) -> Any:
+    """A user's own LightningModule around ``model``: our chunked loss and a torch AdamW, or (``by_hand``, for
+    Lightning's DeepSpeed offload by hand) the model's own loss and DeepSpeed's CPU Adam, which DeepSpeed requires
+    there; its loader of ``ids`` reads ``batch_size`` (``zero_auto`` sets it to the micro-batch it chose)."""
     import lightning.pytorch as pl
 
     from lightning_zero.app.tasks.losses import causal_lm_nll
@@ -156,13 +157,13 @@ def _user_module(model: Any, own_loss: bool, ids: torch.Tensor, micro: int) -> A
             return torch.utils.data.DataLoader(ids, batch_size=self.batch_size)
 
         def training_step(self, batch: torch.Tensor, _: int) -> torch.Tensor:
-            if own_loss:
+            if by_hand:
                 return self.model(input_ids=batch, labels=batch).loss
             nll, count = causal_lm_nll(self.model, batch, None, batch, SEQ)
             return nll / count
 
         def configure_optimizers(self) -> Any:
-            if own_loss:  # Lightning's DeepSpeed offload by hand: DeepSpeed refuses a torch AdamW there
+            if by_hand:
                 from deepspeed.ops.adam import DeepSpeedCPUAdam
 
                 return DeepSpeedCPUAdam(self.parameters(), lr=1e-5, weight_decay=0.0, adamw_mode=True)
@@ -175,11 +176,11 @@ def _task_module(shape: str) -> Any:
     """Our ``CausalLMTask`` with the shape, the model's vocabulary, the chunked loss."""
     from lightning_zero.app.tasks.causal_lm import CausalLMTask
 
-    vocab = build_config_vocab(shape)
-    return CausalLMTask(model=f"shape:{shape}", vocab_size=vocab, loss_chunk_tokens=2048, learning_rate=1e-5)
+    vocab = vocab_size_of(shape)
+    return CausalLMTask(model=f"shape:{shape}", vocab_size=vocab, loss_chunk_tokens=SEQ, learning_rate=1e-5)
 
 
-def build_config_vocab(shape: str) -> int:
+def vocab_size_of(shape: str) -> int:
     from lightning_zero.app.models.shapes import shape_config
 
     return int(shape_config(shape).vocab_size)
@@ -215,7 +216,7 @@ def run_lightning(shape: str, row: dict[str, Any], steps: int, warmup: int) -> d
     started = time.perf_counter()
     micro = row["micro"]
     parameters = parameter_count(shape)
-    ids = samples(build_config_vocab(shape), (warmup + steps + 1) * GLOBAL_BATCH, micro).dataset
+    ids = samples(vocab_size_of(shape), (warmup + steps + 1) * GLOBAL_BATCH, micro).dataset
     loader: Any = None
     if row.get("task"):
         module = _task_module(shape)
