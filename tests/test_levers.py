@@ -353,5 +353,6 @@ def test_a_run_handed_to_a_one_card_lever_trains_as_that_preset_by_name(
     cached, plain = auto_on_one_card["cached"], auto_on_one_card["plain"]
     assert cached["from_cache"] and cached["trained_by"] == "ChosenOneCard" and plain["trained_by"] == "OneCardStrategy"
     assert not cached["timed"]  # no trial ran to compare the run with
+    assert cached["search_reachable"]  # trainer.strategy leads back to the search that chose it
     assert cached["losses"] == plain["losses"] and cached["weights"] == plain["weights"]  # the same steps, bit for bit
     assert not cached["process_group_left"] and cached["hooks_left"] == 0  # the trials' DeepSpeed world ended

@@ -281,7 +281,9 @@ def engine_settings(engine: Any) -> dict[str, Any]:
 
 
 def auto_choice(strategy: Any) -> dict[str, Any]:
-    """What ``zero_auto`` planned, tried and chose (nothing for other strategies)."""
+    """What ``zero_auto`` planned, tried and chose (nothing for other strategies), also where it handed the run to a
+    one-card strategy."""
+    strategy = getattr(strategy, "chosen_by", strategy)
     chosen = getattr(strategy, "chosen", None)
     if chosen is None:
         return {}

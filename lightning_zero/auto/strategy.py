@@ -175,9 +175,14 @@ def candidate_onecard(base: AutoZeroConfig, candidate: Candidate) -> OneCardConf
 
 
 class ChosenOneCard(OneCardStrategy):
-    """The one-card strategy ``zero_auto`` hands its run to once a one-card candidate won. Lightning restores a
-    checkpoint's weights before a single-device strategy's setup, but that point passed under ``zero_auto``'s
-    DeepSpeed strategy, which restores after: so does this one."""
+    """The one-card strategy ``zero_auto`` hands its run to once a one-card candidate won; ``trainer.strategy`` from
+    then on, with the search in :attr:`chosen_by` (its choice, trials and plan). Lightning restores a checkpoint's
+    weights before a single-device strategy's setup, but that point passed under ``zero_auto``'s DeepSpeed
+    strategy, which restores after: so does this one."""
+
+    def __init__(self, chosen_by: ZeroAutoStrategy, zero: OneCardConfig, **kwargs: Any) -> None:
+        super().__init__(zero, **kwargs)
+        self.chosen_by = chosen_by
 
     @property
     def restore_checkpoint_after_setup(self) -> bool:
@@ -256,6 +261,7 @@ class ZeroAutoStrategy(ZeroStrategy):
         self.teardown()
         self.end_process_groups()
         chosen = ChosenOneCard(
+            self,
             candidate_onecard(self._base(), candidate),
             device=self.root_device,
             accelerator=self.accelerator,

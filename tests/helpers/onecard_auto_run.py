@@ -36,6 +36,7 @@ def fit(strategy: Any) -> dict[str, Any]:
     trainer.fit(module)
     return {
         "trained_by": type(trainer.strategy).__name__,
+        "search_reachable": getattr(trainer.strategy, "chosen_by", strategy) is strategy,
         "losses": module.losses,
         "weights": [p.detach().flatten().tolist() for p in module.parameters()],
         "process_group_left": torch.distributed.is_available() and torch.distributed.is_initialized(),
