@@ -70,6 +70,10 @@ def fabric_backend_class(backend: str) -> type:
         from lightning_zero.fabric.fairscale import FabricFairScaleStrategy
 
         return FabricFairScaleStrategy
+    if backend == "auto":
+        from lightning_zero.fabric.auto import FabricZeroAutoStrategy
+
+        return FabricZeroAutoStrategy
     from lightning_zero.fabric import unsupported_backend
 
     raise unsupported_backend(backend)

@@ -174,6 +174,15 @@ def candidate_onecard(base: AutoZeroConfig, candidate: Candidate) -> OneCardConf
     )
 
 
+def zero_auto_budget_gib(memory_budget_gib: float | None, device: torch.device) -> float:
+    """``zero_auto``'s budget per device: ``memory_budget_gib``, or the whole of a CUDA device."""
+    if memory_budget_gib is not None:
+        return memory_budget_gib
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).total_memory / GIB
+    raise ZeroConfigError("zero_auto off CUDA needs a budget: set `memory_budget_gib` (e.g. 4).")
+
+
 class ChosenOneCard(OneCardStrategy):
     """The one-card strategy ``zero_auto`` hands its run to once a one-card candidate won; ``trainer.strategy`` from
     then on, with the search in :attr:`chosen_by` (its choice, trials and plan). Lightning restores a checkpoint's
@@ -277,11 +286,7 @@ class ZeroAutoStrategy(ZeroStrategy):
         return self.auto.replace(memory_budget_gib=self._budget_gib())
 
     def _budget_gib(self) -> float:
-        if self.auto.memory_budget_gib is not None:
-            return self.auto.memory_budget_gib
-        if self.root_device.type == "cuda":
-            return torch.cuda.get_device_properties(self.root_device).total_memory / GIB
-        raise ZeroConfigError("zero_auto off CUDA needs a budget: set `memory_budget_gib` (e.g. 4).")
+        return zero_auto_budget_gib(self.auto.memory_budget_gib, self.root_device)
 
     def search(self, trainer: Any, first_batch: Any) -> Candidate:
         """The cached choice for this model and setting, or the best of the trials (identical on every rank).
