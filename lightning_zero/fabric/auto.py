@@ -25,7 +25,7 @@ from lightning_zero.auto.plan import PlanRow, candidate_layouts, format_plan, ma
 from lightning_zero.auto.search import Candidate, candidates
 from lightning_zero.auto.strategy import AutoZeroConfig, candidate_zero, zero_auto_budget_gib
 from lightning_zero.errors import ZeroConfigError
-from lightning_zero.fabric.deepspeed import FabricZeroStrategy
+from lightning_zero.fabric.deepspeed import FabricZeroStrategy, remote_device
 from lightning_zero.memory.allocator import restore_allocator, use_expandable_segments
 from lightning_zero.memory.budget import GIB
 from lightning_zero.memory.probe import ActivationProbe
@@ -155,7 +155,7 @@ class FabricZeroAutoStrategy(FabricZeroStrategy):
         resolved = self.settings.trainer  # Fabric's values, filled in at launch (`_format_config`)
         assert resolved is not None, "a layout is chosen once Fabric has launched"
         self.settings = DeepSpeedSettings.from_zero(candidate_zero(base, candidate)).with_trainer(resolved)
-        self.remote_device = self.zero.offload_parameters if self.zero.offload_parameters != "none" else None
+        self.remote_device = remote_device(self.zero)
         rank_zero_info(format_plan(rows, budget, 1))
         rank_zero_info(f"zero_auto chose {candidate.layout.name} from the memory plan (Fabric: no trials).")
         return candidate

@@ -52,6 +52,11 @@ if TYPE_CHECKING:
     import deepspeed
 
 
+def remote_device(zero: DeepSpeedZeroConfig) -> str | None:
+    """Where ``fabric.init_module()`` builds a ZeRO-3 model: the parameters' offload device, or the GPU (``None``)."""
+    return zero.offload_parameters if zero.offload_parameters != "none" else None
+
+
 class _FabricDeepSpeedOnCpu(DeepSpeedStrategy):
     """Fabric's ``DeepSpeedStrategy`` on CPU as well: it refuses anything but CUDA at set-up and checks device
     indices that are ``None`` on CPU; DeepSpeed itself runs there (the Trainer's strategy lifts the same checks)."""
@@ -129,7 +134,6 @@ class FabricZeroStrategy(FabricWatchedRanks, _FabricDeepSpeedOnCpu):
     ) -> None:
         #: The run's typed and DeepSpeed configs, in one frozen value (the Trainer strategy's).
         self.settings = strategy_settings(zero, deepspeed_config, "FabricZeroStrategy")
-        remote_device = self.zero.offload_parameters if self.zero.offload_parameters != "none" else None
         super().__init__(
             accelerator=accelerator,
             config=self.settings.deepspeed_dict(),
@@ -140,7 +144,7 @@ class FabricZeroStrategy(FabricWatchedRanks, _FabricDeepSpeedOnCpu):
             timeout=timeout,
             load_full_weights=load_full_weights,
             logging_level=logging_level,
-            remote_device=remote_device,
+            remote_device=remote_device(self.zero),
         )
 
     @property
