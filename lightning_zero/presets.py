@@ -70,6 +70,10 @@ def fabric_backend_class(backend: str) -> type:
         from lightning_zero.fabric.fairscale import FabricFairScaleStrategy
 
         return FabricFairScaleStrategy
+    if backend == "onecard":
+        from lightning_zero.fabric.onecard import FabricOneCardStrategy
+
+        return FabricOneCardStrategy
     from lightning_zero.fabric import unsupported_backend
 
     raise unsupported_backend(backend)

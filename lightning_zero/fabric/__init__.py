@@ -2,7 +2,7 @@
 behind them, sharing the Trainer strategies' typed configs, translation, preset table and checkpoint format.
 
 ``import lightning_zero`` registers every preset with Fabric's strategy registry too
-(:func:`lightning_zero.presets.register_fabric_presets`). ``zero_auto`` and the one-card presets are refused under
+(:func:`lightning_zero.presets.register_fabric_presets`). ``zero_auto`` is refused under
 Fabric with a one-line error naming the preset to use instead (docs/fabric.md says why).
 """
 
@@ -16,10 +16,6 @@ INSTEAD = {
         "`zero_auto` does not run under Fabric (its search times trial steps through the Trainer's loop): run"
         " `lightning-zero plan` or `zero_auto` once under the Trainer, then pass the preset it chose, e.g."
         " `zero2_offload`."
-    ),
-    "onecard": (
-        "The one-card presets have no Fabric strategy (their optimizer levers hook into the Trainer's optimizer"
-        " set-up): run them under the Trainer, or pass `zero2_offload` to Fabric."
     ),
 }
 
