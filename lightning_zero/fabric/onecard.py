@@ -120,15 +120,6 @@ class FabricOneCardStrategy(SingleDeviceStrategy):
         check_device_for_levers(self.zero, self.root_device)
         super()._configure_launcher()
 
-    def setup_module_and_optimizers(
-        self, module: nn.Module, optimizers: list[Optimizer], scheduler: Any = None
-    ) -> tuple[nn.Module, list[Optimizer], Any]:
-        """The module as :meth:`setup_module` sets it up, its optimizer replaced by the levers (a scheduler made on
-        the module's optimizer moves the replacement's groups too: they are the same)."""
-        if replaces_optimizer(self.zero):
-            refuse_lever_conflicts(self.zero, FABRIC_FIXES, optimizers=len(optimizers))
-        return self.setup_module(module), [self.setup_optimizer(optimizer) for optimizer in optimizers], scheduler
-
     def setup_module(self, module: nn.Module) -> nn.Module:
         """The memory budget's cap and expandable segments (once), the blocks prepared, and under
         ``activation_offload`` the module in :class:`OffloadedActivations`."""
@@ -139,7 +130,8 @@ class FabricOneCardStrategy(SingleDeviceStrategy):
         return OffloadedActivations(module, self.zero, self.root_device) if self.zero.activation_offload else module
 
     def setup_optimizer(self, optimizer: Optimizer) -> Optimizer:
-        """``optimizer`` replaced as the levers say (as it is when none replaces it)."""
+        """``optimizer`` replaced as the levers say (as it is when none replaces it); a second one is refused. A
+        scheduler made on ``optimizer`` moves the replacement too: they share their parameter groups."""
         if not replaces_optimizer(self.zero):
             return optimizer
         refuse_lever_conflicts(self.zero, FABRIC_FIXES, optimizers=len(self.replaced) + 1)
@@ -160,6 +152,7 @@ class FabricOneCardStrategy(SingleDeviceStrategy):
         super().backward(tensor, module, *args, **kwargs)
 
     def optimizer_step(self, optimizer: Any, **kwargs: Any) -> Any:
+        """Fabric's step (``optimizer.step()``), after which a backward may come again."""
         self._backwards_since_step = 0
         return super().optimizer_step(optimizer, **kwargs)
 
