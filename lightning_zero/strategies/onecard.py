@@ -94,7 +94,7 @@ def gradients_leave_in_backward(config: OneCardConfig, offload_gradients: bool) 
 
 def check_device_for_levers(config: OneCardConfig, device: torch.device) -> None:
     """Raise one line when a lever of ``config`` cannot run on ``device``."""
-    if config.offload_optimizer == "cpu" and device.type not in ("cuda", "xpu"):
+    if config.offload_optimizer == "cpu" and device.type != "cuda":
         raise ZeroConfigError(
             f"`offload_optimizer: cpu` (torchao's CPUOffloadOptimizer) runs on CUDA GPUs only, got {device.type}: run"
             " on a GPU, or use `onecard_step_in_backward`."
