@@ -47,6 +47,7 @@ __all__ = [
     "deepspeed_section_parser",
     "empty_pinned_host_cache",
     "extension_build_directory",
+    "fabric_num_nodes",
     "fit_loop_loader_and_fetcher",
     "format_fabric_config_once",
     "hand_over_strategy",
@@ -164,6 +165,15 @@ RELIED_ON: dict[str, str] = {
     "lightning.fabric.strategies.deepspeed.DeepSpeedStrategy.setup_module_and_optimizers": (
         "replaced to build the engine as the Trainer's strategy does (device rank on CPU, CPU Adam under offload); "
         "sets _deepspeed_engine and calls _set_deepspeed_activation_checkpointing as it does"
+    ),
+    "lightning.fabric.connector._Connector._lazy_init_strategy": (
+        "the one-card Fabric strategy refuses more than one device or node at Fabric(...): the connector hands its"
+        " devices to a strategy with `parallel_devices`, writes `num_nodes` into `_num_nodes` of one with"
+        " `num_nodes` (no public setter), then calls its `_configure_launcher`"
+    ),
+    "lightning.fabric.strategies.strategy.Strategy._configure_launcher": (
+        "overridden by the one-card Fabric strategy: the last call of Fabric(...)'s set-up, once devices and nodes"
+        " are known, where it refuses more than one before anything runs (no public hook there)"
     ),
     "lightning.fabric.strategies.strategy._BackwardSyncControl": (
         "fabric.no_backward_sync under FairScale's ShardedDataParallel: Fabric asks the strategy's"
@@ -476,6 +486,12 @@ def set_parallel_sizes(strategy: Any, data_parallel: int, tensor_parallel: int) 
     strategy._tensor_parallel_size = tensor_parallel
 
 
+def fabric_num_nodes(strategy: Any) -> int:
+    """The ``num_nodes`` Fabric was given, as its connector writes it into a strategy with a ``num_nodes``
+    attribute; 1 for a strategy no ``Fabric`` was built with."""
+    return int(vars(strategy).get("_num_nodes", 1))
+
+
 def set_fabric_world_ranks(strategy: Any) -> None:
     """Give a Fabric strategy's cluster environment its global rank and world size."""
     strategy._set_world_ranks()
@@ -577,6 +593,7 @@ FUNCTIONS: dict[str, tuple[str, ...]] = {
         "lightning.fabric.strategies.model_parallel.ModelParallelStrategy.setup_environment",
     ),
     "set_fabric_world_ranks": ("lightning.fabric.strategies.ddp.DDPStrategy._set_world_ranks",),
+    "fabric_num_nodes": ("lightning.fabric.connector._Connector._lazy_init_strategy",),
     "format_fabric_config_once": (f"{_FABRIC_DS}._setup_distributed",),
     "set_fabric_deepspeed_engine": (f"{_FABRIC_DS}.setup_module_and_optimizers",),
     "configure_fabric_activation_checkpointing": (f"{_FABRIC_DS}._set_deepspeed_activation_checkpointing",),

@@ -53,7 +53,7 @@ def backend_class(backend: str) -> type:
         from lightning_zero.strategies.fsdp2 import FSDP2Strategy
 
         return FSDP2Strategy
-    raise ZeroConfigError(f"Unknown backend {backend!r}: use one of {sorted({p.backend for p in PRESETS})}.")
+    raise _unknown_backend(backend)
 
 
 def fabric_backend_class(backend: str) -> type:
@@ -74,9 +74,15 @@ def fabric_backend_class(backend: str) -> type:
         from lightning_zero.fabric.auto import FabricZeroAutoStrategy
 
         return FabricZeroAutoStrategy
-    from lightning_zero.fabric import unsupported_backend
+    if backend == "onecard":
+        from lightning_zero.fabric.onecard import FabricOneCardStrategy
 
-    raise unsupported_backend(backend)
+        return FabricOneCardStrategy
+    raise _unknown_backend(backend)
+
+
+def _unknown_backend(backend: str) -> ZeroConfigError:
+    return ZeroConfigError(f"Unknown backend {backend!r}: use one of {sorted({p.backend for p in PRESETS})}.")
 
 
 def build_fabric_preset(name: str, **overrides: Any) -> Any:

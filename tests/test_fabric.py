@@ -18,7 +18,6 @@ import signal
 import sys
 from pathlib import Path
 
-import lightning as L
 import pytest
 import torch
 from lightning.fabric.plugins import Precision
@@ -27,7 +26,6 @@ from lightning.fabric.strategies import STRATEGY_REGISTRY
 import lightning_zero
 from lightning_zero import ZeroConfigError, build_fabric_preset, build_preset
 from lightning_zero.app.consolidate import consolidate
-from lightning_zero.fabric import INSTEAD
 from lightning_zero.fabric.deepspeed import FabricZeroStrategy
 from lightning_zero.fabric.fairscale import FabricFairScaleStrategy
 from lightning_zero.fabric.fsdp2 import FabricFSDP2Strategy
@@ -103,23 +101,13 @@ def test_every_preset_is_registered_with_fabric() -> None:
     assert isinstance(STRATEGY_REGISTRY.get("zero2_fairscale"), FabricFairScaleStrategy)
 
 
-@pytest.mark.parametrize("name", [preset.name for preset in PRESETS if preset.backend not in INSTEAD])
+@pytest.mark.parametrize("name", [preset.name for preset in PRESETS])
 def test_a_fabric_preset_has_the_trainer_presets_settings(name: str, tmp_path: Path) -> None:
     overrides = {"nvme_path": str(tmp_path)} if "nvme" in name else {}
     fabric, trainer = build_fabric_preset(name, **overrides), build_preset(name, **overrides)
     assert dataclasses.asdict(trainer.zero).items() <= dataclasses.asdict(fabric.zero).items()  # zero_auto: one more
     if trainer.zero_backend == "deepspeed":  # the same translation: one DeepSpeed config for both
         assert fabric.settings.given == trainer.settings.given
-
-
-@pytest.mark.parametrize("name", [preset.name for preset in PRESETS if preset.backend in INSTEAD])
-def test_a_preset_without_a_fabric_strategy_is_one_line_naming_a_fixed_preset_and_the_trainer(name: str) -> None:
-    builds = [lambda: L.Fabric(accelerator="cpu", devices=2, strategy=name), lambda: build_fabric_preset(name)]
-    for build in builds:
-        with pytest.raises(ZeroConfigError) as error:
-            build()  # before any process starts: Fabric resolves the name when it is built
-        message = str(error.value)
-        assert "\n" not in message and "`zero2_offload`" in message and "the Trainer" in message
 
 
 def test_the_memory_budget_applies_under_fabric() -> None:

@@ -40,6 +40,8 @@ FINGERPRINTS: dict[str, str] = {
     "lightning.pytorch.core.optimizer._init_optimizers_and_lr_schedulers": "8b5a6065460889a1",
     "lightning.pytorch.strategies.deepspeed.DeepSpeedStrategy.setup_environment": "de7e179a7fc99ab5",
     "lightning.fabric.strategies.strategy._BackwardSyncControl": "9895e2089035fce5",
+    "lightning.fabric.connector._Connector._lazy_init_strategy": "287aab291d523f29",
+    "lightning.fabric.strategies.strategy.Strategy._configure_launcher": "222c242e36b6e017",
     "lightning.fabric.strategies.ddp.DDPStrategy.__init__": "266632d88e2e915f",
     "lightning.pytorch.strategies.deepspeed.DeepSpeedStrategy.setup_distributed": "78cee79c7c131102",
     "lightning.pytorch.strategies.deepspeed.DeepSpeedStrategy._setup_model_and_optimizer": "6a7d1e7daa636a60",

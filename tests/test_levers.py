@@ -356,3 +356,21 @@ def test_a_run_handed_to_a_one_card_lever_trains_as_that_preset_by_name(
     assert cached["search_reachable"]  # trainer.strategy leads back to the search that chose it
     assert cached["losses"] == plain["losses"] and cached["weights"] == plain["weights"]  # the same steps, bit for bit
     assert not cached["process_group_left"] and cached["hooks_left"] == 0  # the trials' DeepSpeed world ended
+
+
+@pytest.mark.parametrize("fields", [{"optimizer_in_backward": True}, {"offload_optimizer": "cpu"}])
+def test_fp16_loss_scaling_under_a_lever_that_takes_gradients_in_backward_is_one_line(fields: dict[str, Any]) -> None:
+    from lightning_zero.strategies.onecard import TRAINER_FIXES, refuse_lever_conflicts
+
+    with pytest.raises(ZeroConfigError, match="use `bf16-mixed`") as error:
+        refuse_lever_conflicts(OneCardConfig(**fields), TRAINER_FIXES, precision="16-mixed")
+    assert "\n" not in str(error.value)
+    refuse_lever_conflicts(OneCardConfig(**fields), TRAINER_FIXES, precision="bf16-mixed")
+
+
+def test_fp16_loss_scaling_with_gradients_kept_to_the_step_is_taken() -> None:
+    """CPU offload under accumulation keeps the gradients on the device for the scaler to unscale."""
+    from lightning_zero.strategies.onecard import TRAINER_FIXES, refuse_lever_conflicts
+
+    config = OneCardConfig(offload_optimizer="cpu")
+    refuse_lever_conflicts(config, TRAINER_FIXES, precision="16-mixed", offload_gradients=False)

@@ -9,7 +9,8 @@ built it (:func:`~lightning_zero.strategies.onecard_optim.replace_optimizer`), a
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Mapping
+import dataclasses
+from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -55,17 +56,11 @@ class OneCardStrategy(SingleDeviceStrategy):
     @property
     def replaces_optimizer(self) -> bool:
         """Whether a lever replaces the module's optimizer."""
-        config = self.zero
-        return (
-            config.optimizer_in_backward or config.low_memory_optimizer != "none" or config.offload_optimizer == "cpu"
-        )
+        return replaces_optimizer(self.zero)
 
     def setup(self, trainer: pl.Trainer) -> None:
         assert self.model is not None
-        if self.zero.memory_budget_gib is not None:
-            cap_device_memory(self.root_device, self.zero.memory_budget_gib)
-        if self.zero.expandable_segments:
-            self._allocator_before = use_expandable_segments(self.root_device, "one card")
+        self._allocator_before = set_up_device(self.zero, self.root_device)
         prepare_blocks(self.model, self.zero.activation_checkpointing, self.zero.compile_blocks)
         super().setup(trainer)
 
@@ -82,15 +77,50 @@ class OneCardStrategy(SingleDeviceStrategy):
             return super().training_step(*args, **kwargs)
 
     def teardown(self) -> None:
-        for optimizer in self.optimizers:
-            if isinstance(optimizer, ReplacedOptimizer):
-                optimizer.remove_hooks()
-        if self.zero.memory_budget_gib is not None and self.root_device.type == "cuda":
-            torch.cuda.set_per_process_memory_fraction(1.0, self.root_device)  # the cap is process-wide
-        if self._allocator_before is not None:
-            restore_allocator(self._allocator_before)
-            self._allocator_before = None
+        tear_down_levers(self.zero, self.root_device, self.optimizers, self._allocator_before)
+        self._allocator_before = None
         super().teardown()
+
+
+def replaces_optimizer(config: OneCardConfig) -> bool:
+    """Whether a lever of ``config`` replaces the module's optimizer."""
+    return config.optimizer_in_backward or config.low_memory_optimizer != "none" or config.offload_optimizer == "cpu"
+
+
+def gradients_leave_in_backward(config: OneCardConfig, offload_gradients: bool) -> bool:
+    """Whether each gradient is gone once backward completes it (stepped and freed, or copied to the host)."""
+    return config.optimizer_in_backward or (config.offload_optimizer == "cpu" and offload_gradients)
+
+
+def check_device_for_levers(config: OneCardConfig, device: torch.device) -> None:
+    """Raise one line when a lever of ``config`` cannot run on ``device``."""
+    if config.offload_optimizer == "cpu" and device.type != "cuda":
+        raise ZeroConfigError(
+            f"`offload_optimizer: cpu` (torchao's CPUOffloadOptimizer) runs on CUDA GPUs only, got {device.type}: run"
+            " on a GPU, or use `onecard_step_in_backward`."
+        )
+
+
+def set_up_device(config: OneCardConfig, device: torch.device) -> str | None:
+    """``config``'s memory budget cap and expandable segments on ``device``, after checking its levers run there;
+    the allocator settings for :func:`tear_down_levers` to give back."""
+    check_device_for_levers(config, device)
+    if config.memory_budget_gib is not None:
+        cap_device_memory(device, config.memory_budget_gib)
+    return use_expandable_segments(device, "one card") if config.expandable_segments else None
+
+
+def tear_down_levers(
+    config: OneCardConfig, device: torch.device, optimizers: Iterable[Any], allocator_before: str | None
+) -> None:
+    """Undo :func:`set_up_device` and take the replaced optimizers' hooks off the parameters."""
+    for optimizer in optimizers:
+        if isinstance(optimizer, ReplacedOptimizer):
+            optimizer.remove_hooks()
+    if config.memory_budget_gib is not None and device.type == "cuda":
+        torch.cuda.set_per_process_memory_fraction(1.0, device)  # the cap is process-wide
+    if allocator_before is not None:
+        restore_allocator(allocator_before)
 
 
 def saved_tensors_context(config: OneCardConfig, device: torch.device) -> contextlib.AbstractContextManager[Any]:
@@ -118,27 +148,70 @@ def lever_optimizer(module: LightningModule, config: OneCardConfig) -> ReplacedO
     return replace_optimizer(optimizers[0], config, offload_gradients=True)
 
 
+@dataclasses.dataclass(frozen=True)
+class LeverFixes:
+    """How a loop's user takes back what a lever cannot give, in that loop's words (the Trainer's or Fabric's)."""
+
+    one_optimizer: str
+    no_clipping: str
+    no_accumulation: str
+
+
+TRAINER_FIXES = LeverFixes(
+    one_optimizer="return one from configure_optimizers",
+    no_clipping="unset `gradient_clip_val`",
+    no_accumulation="set `accumulate_grad_batches: 1` (a larger micro-batch)",
+)
+
+
 def check_trainer_for_levers(config: OneCardConfig, trainer: pl.Trainer, optimizers: int) -> None:
     """Raise one line when the Trainer asks for what the chosen levers cannot give."""
+    refuse_lever_conflicts(
+        config,
+        TRAINER_FIXES,
+        optimizers=optimizers,
+        clipping=bool(trainer.gradient_clip_val),
+        accumulating=trainer.accumulate_grad_batches > 1,
+        manual_optimization=not trainer.lightning_module.automatic_optimization,
+        offload_gradients=trainer.accumulate_grad_batches == 1,
+        precision=str(trainer.precision),
+    )
+
+
+def refuse_lever_conflicts(
+    config: OneCardConfig,
+    fixes: LeverFixes,
+    optimizers: int = 1,
+    clipping: bool = False,
+    accumulating: bool = False,
+    manual_optimization: bool = False,
+    offload_gradients: bool = True,
+    precision: str = "32-true",
+) -> None:
+    """Raise one line, naming ``fixes``, when a loop asks for what the levers of ``config`` cannot give: more than
+    one optimizer, clipping, accumulated gradients or fp16 loss scaling where each gradient leaves backward as soon
+    as it is complete."""
+    if precision == "16-mixed" and gradients_leave_in_backward(config, offload_gradients):
+        raise ZeroConfigError(
+            "`16-mixed` unscales the gradients (and skips a step that overflowed) at the optimizer step, but these"
+            " levers take each gradient in backward, still scaled: use `bf16-mixed`."
+        )
     if optimizers != 1:
         raise ZeroConfigError(
-            f"The one-card optimizer levers replace one optimizer, got {optimizers}: return one from"
-            " configure_optimizers."
+            f"The one-card optimizer levers replace one optimizer, got {optimizers}: {fixes.one_optimizer}."
         )
-    clipping = bool(trainer.gradient_clip_val)
-    accumulating = trainer.accumulate_grad_batches > 1
     if config.optimizer_in_backward:
         if clipping:
             raise ZeroConfigError(
                 "`optimizer_in_backward` steps each parameter before the others' gradients exist, so their norm"
-                " cannot be clipped: unset `gradient_clip_val` or set `optimizer_in_backward: false`."
+                f" cannot be clipped: {fixes.no_clipping} or set `optimizer_in_backward: false`."
             )
         if accumulating:
             raise ZeroConfigError(
-                "`optimizer_in_backward` frees each gradient as soon as it steps, so none can accumulate: set"
-                " `accumulate_grad_batches: 1` (a larger micro-batch) or `optimizer_in_backward: false`."
+                "`optimizer_in_backward` frees each gradient as soon as it steps, so none can accumulate:"
+                f" {fixes.no_accumulation} or set `optimizer_in_backward: false`."
             )
-        if not trainer.lightning_module.automatic_optimization:
+        if manual_optimization:
             raise ZeroConfigError(
                 "`optimizer_in_backward` steps inside backward, which manual optimization calls itself: set"
                 " `optimizer_in_backward: false`."
@@ -146,5 +219,10 @@ def check_trainer_for_levers(config: OneCardConfig, trainer: pl.Trainer, optimiz
     if config.offload_optimizer == "cpu" and clipping:
         raise ZeroConfigError(
             "`offload_optimizer: cpu` copies each gradient to the host as it completes, before any clipping could"
-            " touch it: unset `gradient_clip_val`, or use `zero2_offload`."
+            f" touch it: {fixes.no_clipping}, or use `zero2_offload`."
+        )
+    if accumulating and gradients_leave_in_backward(config, offload_gradients):
+        raise ZeroConfigError(
+            "`offload_optimizer: cpu` moves each gradient to the host as soon as it is complete, so none can"
+            f" accumulate: {fixes.no_accumulation}, or use `zero2_offload`."
         )
