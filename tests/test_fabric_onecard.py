@@ -303,7 +303,7 @@ def test_what_the_step_in_backward_cannot_give_a_fabric_loop_is_one_line(
         ({"accumulating": True}, r"none can accumulate: call `optimizer.step\(\)` after each `fabric.backward`"),
     ],
 )
-def test_what_the_cpu_offload_cannot_give_a_fabric_loop_is_one_line(loop: dict[str, bool], message: str) -> None:
+def test_what_the_cpu_offload_cannot_give_a_fabric_loop_is_one_line(loop: dict[str, Any], message: str) -> None:
     """The CUDA-only lever's refusals, from the rule the Fabric strategy calls (its gradients go to the host as they
     complete)."""
     with pytest.raises(ZeroConfigError, match=message) as error:
