@@ -3,6 +3,7 @@ user's own LightningModule, our one-card levers against Accelerate's DeepSpeed o
 capped at 24 GiB of GPU memory; each row appended to a JSONL as it finishes (a cut call keeps its rows).
 
     python benchmarks/onecard_llama.py --model llama-3.2-3b --rows ROW,ROW --out rows.jsonl --steps 20
+    python benchmarks/onecard_llama.py --out rows.jsonl --plot rows.png     # a bar of tokens/s for each row
 
 Rows (``ROWS``): ``onecard_*`` are our presets through Lightning with our chunked loss (``causal_lm_nll``);
 ``accelerate_*`` are Accelerate's ``DeepSpeedPlugin`` (stage, offload devices, nothing else) with Hugging Face
@@ -348,6 +349,35 @@ def campaign(shape: str, labels: list[str], out: str, steps: int, warmup: int, t
         print(json.dumps(record), flush=True)
 
 
+def plot(jsonl: Path, out: Path) -> None:
+    """A bar of tokens/s for each row of ``jsonl`` that ran (its latest run), the rows that did not run named."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from benchmarks.bench.report import DEFAULT_PEAK_TFLOPS
+
+    latest = {record["row"]: record for record in map(json.loads, jsonl.read_text().splitlines())}
+    ran = sorted((r for r in latest.values() if r.get("tokens_per_s")), key=lambda r: r["tokens_per_s"])
+    parameters = parameter_count(ran[0]["model"])  # on a meta-device copy: an Accelerate row's own count was 0
+    figure, axes = plt.subplots(figsize=(9, 0.45 * len(ran) + 1.4))
+    axes.barh([r["row"] for r in ran], [r["tokens_per_s"] for r in ran], color="tab:blue")
+    for index, record in enumerate(ran):
+        mfu = 6 * parameters * record["tokens_per_s"] / (DEFAULT_PEAK_TFLOPS * 1e12)
+        axes.text(record["tokens_per_s"], index, f" {record['tokens_per_s']:,}  ({mfu:.0%} MFU)", va="center")
+    failed = sorted(row for row, record in latest.items() if not record.get("tokens_per_s"))
+    axes.set_xlabel("tokens/s (higher is better)")
+    axes.set_title(
+        f"{ran[0]['model']}, {SEQ} tokens a sample, global batch {GLOBAL_BATCH}\n{ran[0]['gpu']}", fontsize=9
+    )
+    if failed:
+        figure.text(0.01, 0.01, "no result: " + ", ".join(failed), fontsize=6, wrap=True)
+    axes.set_xlim(0, max(r["tokens_per_s"] for r in ran) * 1.35)
+    figure.tight_layout(rect=(0, 0.04 if failed else 0, 1, 1))
+    figure.savefig(out, dpi=120)
+
+
 def main() -> None:
     global SEQ
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -359,9 +389,12 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--timeout", type=int, default=240, help="seconds a row may take")
     parser.add_argument("--seq", type=int, default=SEQ, help="tokens a sample (shorter only for a smoke run)")
+    parser.add_argument("--plot", default=None, help="plot the JSONL of --out to this PNG instead of running rows")
     args = parser.parse_args()
     SEQ = args.seq
-    if args.one:
+    if args.plot:
+        plot(Path(args.out), Path(args.plot))
+    elif args.one:
         run_row(args.model, args.one, args.steps, args.warmup)
     else:
         campaign(args.model, args.rows.split(","), args.out, args.steps, args.warmup, args.timeout)

@@ -300,15 +300,19 @@ def choose(measurements: Sequence[Measurement]) -> Measurement:
     return best
 
 
+def trial_result(measurement: Measurement) -> str:
+    """What one trial gave: its samples/s or why it did not fit, and its peak."""
+    m = measurement
+    result = f"{m.samples_per_sec:8.2f} samples/s" if m.fits else f"no: {m.reason}"
+    return result + (f"  (peak {m.peak_bytes / 2**30:.1f} GiB)" if m.peak_bytes else "")
+
+
 def format_trials(measurements: Sequence[Measurement], chosen: Measurement) -> str:
     """A short table of what was tried, what it gave, and which was chosen; approximate rows are tagged ``~``."""
     lines = ["zero_auto trials (highest samples/s that fits wins):"]
     for m in measurements:
         mark = "->" if m is chosen else "  "
-        result = f"{m.samples_per_sec:8.2f} samples/s" if m.fits else f"no: {m.reason}"
-        if m.peak_bytes:
-            result += f"  (peak {m.peak_bytes / 2**30:.1f} GiB)"
-        lines.append(f"{mark} {m.candidate.name:<40} {result}")
+        lines.append(f"{mark} {m.candidate.name:<40} {trial_result(m)}")
     if any(m.candidate.approximate for m in measurements):
         lines.append("~ approximate: not exact Adam, accuracy not measured here (docs/auto-fit.md)")
     return "\n".join(lines)

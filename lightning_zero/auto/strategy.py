@@ -49,6 +49,7 @@ from lightning_zero.auto.search import (
     judge,
     needless,
     retries,
+    trial_result,
 )
 from lightning_zero.auto.trials import (
     OneCardSteps,
@@ -88,7 +89,8 @@ class AutoZeroConfig(DeepSpeedZeroConfig):
             ``"max"``: the largest micro-batch that fits, no accumulation.
         batch_arg_name: The module or datamodule attribute that sets the dataloader's batch size.
         max_micro_batch: Largest micro-batch considered.
-        max_trials: Candidates timed.
+        max_trials: DeepSpeed candidates timed, each with its approximate variants; on one device the one-card
+            candidates are timed besides.
         trial_steps: Timed optimizer steps per candidate (after ``warmup_steps``).
         warmup_steps: Untimed optimizer steps per candidate.
         cache_file: JSON file where choices are cached (``None``: no cache).
@@ -406,13 +408,15 @@ class ZeroAutoStrategy(ZeroStrategy):
         self._reset_peak()
         outcome = run_trial(opener(trainer, module, batch, candidate), steps, self.root_device)
         peak = self._peak_allocated()
-        if self.root_device.type == "cuda":  # what a trial left behind would be missing from the run's budget
-            left = torch.cuda.memory_allocated(self.root_device) / GIB
-            rank_zero_info(f"zero_auto: {left:.2f} GiB allocated on the device after timing {candidate.name}.")
         ran = self.reduce_boolean_decision(outcome.ran, all=True)
         samples_seen = candidate.micro_batch * candidate.accumulation * self.world_size * outcome.steps
         rate = float(self.broadcast(samples_seen / outcome.seconds if outcome.seconds > 0 else 0.0))
-        return judge(candidate, ran, outcome.reason, peak, self._budget_gib() * GIB, rate)
+        measurement = judge(candidate, ran, outcome.reason, peak, self._budget_gib() * GIB, rate)
+        after = ""
+        if self.root_device.type == "cuda":  # what a trial left behind would be missing from the run's budget
+            after = f"; {torch.cuda.memory_allocated(self.root_device) / GIB:.2f} GiB allocated on the device after it"
+        rank_zero_info(f"zero_auto: {candidate.name}: {trial_result(measurement).strip()}{after}.")
+        return measurement
 
     def _engine_steps(
         self, trainer: Any, module: LightningModule, batch: Any, candidate: Candidate
