@@ -16,6 +16,7 @@ import os
 import signal
 import sys
 from pathlib import Path
+from typing import Any
 
 import lightning as L
 import pytest
@@ -26,6 +27,7 @@ from lightning.fabric.strategies import STRATEGY_REGISTRY
 import lightning_zero
 from lightning_zero import ZeroConfigError, build_fabric_preset, build_preset
 from lightning_zero.app.consolidate import consolidate
+from lightning_zero.checkpoint.weights_only import describe
 from lightning_zero.fabric import INSTEAD
 from lightning_zero.fabric.deepspeed import FabricZeroStrategy
 from lightning_zero.fabric.fairscale import FabricFairScaleStrategy
@@ -36,6 +38,7 @@ from lightning_zero.runtime.watchdog import is_alive
 from tests.helpers.launch import REPO, run_script, run_until_every_rank_ended
 from tests.helpers.parity import load_result, max_weight_difference
 from tests.helpers.tiny import TinyLM
+from tests.test_checkpoint_runs import CROSS_TOLERANCE, REGROUPED_TOLERANCE, WEIGHTS_ONLY_TOLERANCE
 from tests.test_fairscale import REORDERED
 from tests.test_parity_deepspeed import CPU_ADAM, EXACT
 
@@ -81,6 +84,22 @@ CHECKED_VARIANTS = [
 ]
 RESTAGE = "zero2:zero3"
 SIDES = ("fabric", "trainer")
+#: ``CKPT:B``: a checkpoint that the round trips wrote at half the run (``X-fabric``: Fabric's, ``X-trainer``: the
+#: Trainer's), resumed under Fabric with preset B of another backend on the same 2 processes, on the Trainer's routes
+#: (docs/checkpoints.md), each through the universal form: DeepSpeed and FairScale into FSDP2 by name, FSDP2 into
+#: DeepSpeed.
+ACROSS_BACKENDS = [
+    "zero3-fabric:zero2_fsdp",
+    "zero3_fsdp-fabric:zero2",
+    "zero2_fairscale-fabric:zero2_fsdp",
+    "zero3-trainer:zero2_fsdp",
+]
+#: The same checkpoints on 1 process (one launch): FSDP2 at another stage (DCP re-shards), FairScale's consolidated
+#: file.
+RESIZED = ["zero3_fsdp-fabric:zero2_fsdp", "zero2_fairscale-fabric:zero2_fairscale"]
+#: A FairScale file without its optimizer's parameter names (as saved before they were recorded): no route carries
+#: its optimizer state into FSDP2, so it resumes weights-only, with one warning.
+NAMELESS = "zero2_fairscale-fabric-nameless:zero2_fsdp"
 
 
 @pytest.fixture(scope="module")
@@ -89,9 +108,17 @@ def fabric_runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     resume = [*ROUND_TRIPS, *VARIANTS]
     trained = ["ddp", *TOLERANCES, "ddp@accum", "ddp@clip", *LOOP_VARIANTS]
     args = ["--steps", str(STEPS), "--strategies", *trained, "--resume", *resume, "--restage", RESTAGE]
-    log = run_script(RUNNER, str(out), *args, timeout=600)
+    log = run_script(RUNNER, str(out), *args, "--resume-under", *ACROSS_BACKENDS, NAMELESS, timeout=600)
     (out / "launch.log").write_text(log)
     return out
+
+
+@pytest.fixture(scope="module")
+def resized_runs(fabric_runs: Path) -> Path:
+    """The 2-process launch's checkpoints resumed on 1 process, in one launch."""
+    args = ["--steps", str(STEPS), "--devices", "1", "--resume-under", *RESIZED]
+    (fabric_runs / "resized.log").write_text(run_script(RUNNER, str(fabric_runs), *args, timeout=300))
+    return fabric_runs
 
 
 def test_every_preset_is_registered_with_fabric() -> None:
@@ -178,6 +205,62 @@ def test_a_checkpoint_resumes_across_fabric_and_the_trainer(fabric_runs: Path, n
     result = load_result(fabric_runs, f"{name}-{direction}")
     assert result["losses"] == reference["losses"]
     assert max_weight_difference(result["state_dict"], reference["state_dict"]) == 0
+
+
+def resumed_under(out: Path, spec: str, devices: int) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The second half of a ``CKPT:B`` resume, and the uninterrupted run's (Fabric's DDP: every source matches it
+    exactly, the round trips above show) from the same step."""
+    checkpoint, strategy = spec.split(":")
+    result, reference = load_result(out, f"{checkpoint}-under-{strategy}-x{devices}"), load_result(out, "ddp")
+    return result, {**reference, "losses": reference["losses"][STEPS // 2 :]}
+
+
+def resume_lines(log: str, out: Path, spec: str, devices: int) -> list[str]:
+    """The lines of ``log`` in which the resume of ``spec`` says what it carries."""
+    checkpoint, strategy = spec.split(":")
+    backend, stage = {"zero2_fsdp": ("fsdp2", 2), "zero2": ("deepspeed", 2)}[strategy]
+    here = f"under {describe(backend, stage, devices)}"
+    return [line for line in log.splitlines() if f"Resuming '{out / checkpoint}.ckpt'" in line and here in line]
+
+
+@pytest.mark.parametrize("spec", ACROSS_BACKENDS)
+def test_a_fabric_checkpoint_resumes_under_fabric_at_another_backend_with_its_optimizer_state(
+    fabric_runs: Path, spec: str
+) -> None:
+    """The Trainer's same-size tolerance for a change of stage or backend (tests/test_checkpoint_runs.py, 1e-6); a
+    resume without the optimizer state is 1e-2 off (below); one line says the state was carried."""
+    result, reference = resumed_under(fabric_runs, spec, 2)
+    losses = torch.tensor(reference["losses"])
+    torch.testing.assert_close(torch.tensor(result["losses"]), losses, atol=REGROUPED_TOLERANCE, rtol=0)
+    assert max_weight_difference(result["state_dict"], reference["state_dict"]) <= REGROUPED_TOLERANCE
+    said = resume_lines((fabric_runs / "launch.log").read_text(), fabric_runs, spec, 2)
+    assert len(said) == 1 and "with its optimizer state, through its universal form" in said[0], said
+
+
+@pytest.mark.parametrize("spec", RESIZED)
+def test_a_fabric_checkpoint_resumes_under_fabric_at_another_size(resized_runs: Path, spec: str) -> None:
+    """2 processes x 4 samples become 1 x 8: the Trainer's size-change tolerance (losses 1e-5, weights 1e-3)."""
+    result, reference = resumed_under(resized_runs, spec, 1)
+    losses = torch.tensor(reference["losses"])
+    torch.testing.assert_close(torch.tensor(result["losses"]), losses, atol=CROSS_TOLERANCE["loss"], rtol=0)
+    assert max_weight_difference(result["state_dict"], reference["state_dict"]) <= CROSS_TOLERANCE["weight"]
+    assert "without its optimizer state" not in (resized_runs / "resized.log").read_text()
+
+
+def test_a_checkpoint_without_an_optimizer_route_resumes_under_fabric_fsdp2_weights_only_with_one_warning(
+    fabric_runs: Path,
+) -> None:
+    """The Trainer's weights-only tolerances: the first loss is the saved weights' (1e-5), the later ones a fresh
+    AdamW's (5%); the weights end far beyond the tolerances above (the check that they catch a dropped optimizer)."""
+    result, reference = resumed_under(fabric_runs, NAMELESS, 2)
+    assert abs(result["losses"][0] - reference["losses"][0]) <= WEIGHTS_ONLY_TOLERANCE["first_loss"]
+    later, expected = torch.tensor(result["losses"][1:]), torch.tensor(reference["losses"][1:])
+    torch.testing.assert_close(later, expected, rtol=WEIGHTS_ONLY_TOLERANCE["later_losses"], atol=0)
+    assert max_weight_difference(result["state_dict"], reference["state_dict"]) > 10 * CROSS_TOLERANCE["weight"]
+    log = (fabric_runs / "launch.log").read_text()
+    said = resume_lines(log, fabric_runs, NAMELESS, 2)
+    assert len(said) == 1 and "without its optimizer state: this fairscale file does not record" in said[0], said
+    assert log.count("without its optimizer state") == 1
 
 
 @pytest.mark.parametrize("name", [*CHECKED_VARIANTS, "ddp@clip"])
