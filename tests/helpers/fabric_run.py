@@ -17,8 +17,10 @@ scheduler in ``bf16-mixed`` (the run of NAME@VARIANT uninterrupted under Fabric 
 ``--restage A:B`` resumes a Fabric checkpoint of preset A under preset B (A-to-B.pt).
 ``--resume-under CKPT:B`` resumes OUT_DIR/CKPT.ckpt, which the round trips of this or an earlier launch saved at
 half the steps, under Fabric with preset B on ``--devices`` processes and trains the second half
-(CKPT-under-B-xN.pt, the second half's losses). ``CKPT-nameless`` is CKPT (a FairScale file) without the names of
-its optimizer's parameters, as a FairScale file saved before they were recorded.
+(CKPT-under-B-xN.pt, the second half's losses); ``--trainer-under CKPT:B`` the same under the Trainer on 2
+processes (CKPT-under-trainer-B-x2.pt); each announced as ``fabric:CKPT:B`` or ``trainer:CKPT:B``
+(:func:`~tests.helpers.shared_launch.announce`). ``CKPT-nameless`` is CKPT (a FairScale file) without the names of its
+optimizer's parameters, as a FairScale file saved before they were recorded.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from torch.utils.data import DataLoader, Subset
 
 from lightning_zero import build_fabric_preset, build_preset  # (the import registers the presets, Fabric's too)
 from lightning_zero.checkpoint.by_name import PARAMETER_NAMES_KEY
+from tests.helpers.shared_launch import announce
 from tests.helpers.tiny import TinyLM, token_data
 from tests.helpers.trainer import end_process_group, quiet_trainer
 
@@ -250,22 +253,40 @@ NAMELESS = "-nameless"
 
 
 def resume_under(out: Path, spec: str, steps: int, devices: int) -> None:
-    """``CKPT:B``: Fabric under preset B on ``devices`` processes loads OUT/CKPT.ckpt, written at half the steps,
-    and trains the second half."""
-    checkpoint, strategy = spec.split(":")
+    """``CKPT:B``: Fabric under preset B (``B@VARIANT``: with that variant) on ``devices`` processes loads
+    OUT/CKPT.ckpt, written at half the steps, and trains the second half."""
+    checkpoint, target = spec.split(":")
+    strategy, variant = Variant.of(target)
     half = steps // 2
-    fabric = fabric_for(strategy, devices=devices)
+    fabric = fabric_for(strategy, variant, devices)
     path = out / f"{checkpoint}.ckpt"
     if checkpoint.endswith(NAMELESS) and fabric.is_global_zero:
         content = torch.load(out / f"{checkpoint.removesuffix(NAMELESS)}.ckpt", weights_only=True)
         del content[PARAMETER_NAMES_KEY]
         torch.save(content, path)
     fabric.barrier()
-    model, optimizer, _ = fabric_setup(fabric)
-    rest = fabric.load(path, {"model": model, "optimizer": optimizer})
+    model, optimizer, scheduler = fabric_setup(fabric, variant)
+    state = {"model": model, "optimizer": optimizer}
+    rest = fabric.load(path, state if scheduler is None else {**state, "scheduler": scheduler})
     assert rest["global_step"] == half, rest.keys()
-    losses = fabric_train(fabric, model, optimizer, half, steps - half)
-    save_result(fabric, out, f"{checkpoint}-under-{strategy}-x{devices}", losses, full_state(fabric, model))
+    losses = fabric_train(fabric, model, optimizer, half, steps - half, scheduler)
+    save_result(fabric, out, f"{checkpoint}-under-{target}-x{devices}", losses, full_state(fabric, model))
+
+
+def trainer_under(out: Path, spec: str, steps: int) -> None:
+    """``CKPT:B``: the Trainer under preset B on 2 processes resumes OUT/CKPT.ckpt, written at half the steps, through
+    ``ckpt_path`` and trains the second half (its loop counters start at 0)."""
+    checkpoint, target = spec.split(":")
+    strategy, variant = Variant.of(target)
+    half = steps // 2
+    trainer = trainer_for(strategy, variant, steps - half)
+    module = TailLM(half, steps - half, variant.scheduled)
+    trainer.fit(module, ckpt_path=out / f"{checkpoint}.ckpt")
+    state = trainer_state(trainer)
+    if trainer.is_global_zero:
+        result = {"losses": module.losses, "state_dict": state}
+        torch.save(result, out / f"{checkpoint}-under-trainer-{target}-x2.pt")
+    trainer.strategy.barrier()
 
 
 def main() -> None:
@@ -277,6 +298,7 @@ def main() -> None:
     parser.add_argument("--resume", nargs="*", default=[])
     parser.add_argument("--restage", nargs="*", default=[])
     parser.add_argument("--resume-under", nargs="*", default=[])
+    parser.add_argument("--trainer-under", nargs="*", default=[])
     args = parser.parse_args()
     torch.set_num_threads(1)
     for strategy in args.strategies:
@@ -289,7 +311,11 @@ def main() -> None:
     for spec in args.restage:
         restage(args.out, spec, args.steps)
     for spec in args.resume_under:
+        announce(f"fabric:{spec}")
         resume_under(args.out, spec, args.steps, args.devices)
+    for spec in args.trainer_under:
+        announce(f"trainer:{spec}")
+        trainer_under(args.out, spec, args.steps)
     end_process_group()
 
 
