@@ -2,12 +2,15 @@
 the Trainer, the memory budget and one-line errors, and no orphaned ranks.
 
 Real 2-process CPU (gloo) runs of the tiny GPT-2 in a plain Fabric loop, every strategy and round trip in one
-launch (helpers/fabric_run.py). Tolerances are the Trainer's parity tests' (tests/test_parity_deepspeed.py,
-tests/test_fairscale.py): float32 round-off (1e-6) where the arithmetic is DDP's (FairScale's OSS steps the same
-AdamW on the same averaged gradients), DeepSpeed's CPU Adam's (1e-5 on losses, 5e-4 on weights) under optimizer
-offload. Measured here over 8 steps: bit-identical for every preset but the two DeepSpeed offload ones (loss
-9.5e-7, weights 7.7e-5), and bit-identical for every round trip between Fabric and the Trainer (DeepSpeed, FairScale,
-FSDP2; with an LR scheduler, and in bf16-mixed where the CPU has native bf16), so those are held to 0.
+launch (helpers/fabric_run.py), and one 1-process launch for the resumes at another size. Tolerances are the
+Trainer's parity tests' (tests/test_parity_deepspeed.py, tests/test_fairscale.py): float32 round-off (1e-6) where the
+arithmetic is DDP's (FairScale's OSS steps the same AdamW on the same averaged gradients), DeepSpeed's CPU Adam's
+(1e-5 on losses, 5e-4 on weights) under optimizer offload. Measured here over 8 steps: bit-identical for every preset
+but the two DeepSpeed offload ones (loss 9.5e-7, weights 7.7e-5), and bit-identical for every round trip between
+Fabric and the Trainer (DeepSpeed, FairScale, FSDP2; with an LR scheduler, and in bf16-mixed where the CPU has native
+bf16), so those are held to 0. Resumes at another backend, stage or size take the Trainer's checkpoint tests'
+tolerances for their route (tests/test_checkpoint_runs.py): measured bit-identical on 2 processes, loss 4.8e-7 and
+weights 5.9e-5 on 1.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import os
 import signal
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -26,6 +30,9 @@ from lightning.fabric.strategies import STRATEGY_REGISTRY
 import lightning_zero
 from lightning_zero import ZeroConfigError, build_fabric_preset, build_preset
 from lightning_zero.app.consolidate import consolidate
+from lightning_zero.checkpoint.by_name import PARAMETER_NAMES_KEY
+from lightning_zero.checkpoint.reshard import NATIVE, NVME_NOT_CARRIED, UNIVERSAL, WEIGHTS_ONLY, choose_route
+from lightning_zero.checkpoint.weights_only import describe
 from lightning_zero.fabric.deepspeed import FabricZeroStrategy
 from lightning_zero.fabric.fairscale import FabricFairScaleStrategy
 from lightning_zero.fabric.fsdp2 import FabricFSDP2Strategy
@@ -34,7 +41,9 @@ from lightning_zero.preset_table import PRESETS
 from lightning_zero.runtime.watchdog import is_alive
 from tests.helpers.launch import REPO, run_script, run_until_every_rank_ended
 from tests.helpers.parity import load_result, max_weight_difference
+from tests.helpers.shared_launch import split_output
 from tests.helpers.tiny import TinyLM
+from tests.test_checkpoint_runs import CROSS_TOLERANCE, REGROUPED_TOLERANCE, WEIGHTS_ONLY_TOLERANCE, manifest_of
 from tests.test_fairscale import REORDERED
 from tests.test_parity_deepspeed import CPU_ADAM, EXACT
 
@@ -80,6 +89,29 @@ CHECKED_VARIANTS = [
 ]
 RESTAGE = "zero2:zero3"
 SIDES = ("fabric", "trainer")
+#: ``CKPT:B``: a checkpoint that the round trips wrote at half the run (``X-fabric``: Fabric's, ``X-trainer``: the
+#: Trainer's), resumed under Fabric with preset B of another backend on the same 2 processes, on the Trainer's routes
+#: (docs/checkpoints.md), each through the universal form: DeepSpeed and FairScale into FSDP2 by name (with an LR
+#: scheduler too), FSDP2 into DeepSpeed.
+ACROSS_BACKENDS = [
+    "zero3-fabric:zero2_fsdp",
+    "zero3@sched-fabric:zero2_fsdp@sched",
+    "zero3_fsdp-fabric:zero2",
+    "zero2_fairscale-fabric:zero2_fsdp",
+    "zero3-trainer:zero2_fsdp",
+]
+#: The other way round: Fabric's DeepSpeed checkpoint under the Trainer's FSDP2.
+TRAINER_ACROSS_BACKENDS = ["zero3-fabric:zero2_fsdp"]
+#: The same checkpoints on 1 process (one launch): FSDP2 at another stage (DCP re-shards), FairScale's consolidated
+#: file, DeepSpeed at another stage (universal).
+RESIZED = ["zero3_fsdp-fabric:zero2_fsdp", "zero2_fairscale-fabric:zero2_fairscale", "zero3-fabric:zero2"]
+#: Where no route carries the optimizer state, the resume is weights-only, with one warning saying why: a FairScale
+#: file without its optimizer's parameter names (as saved before they were recorded) under FSDP2, and a DeepSpeed
+#: checkpoint under FairScale.
+WEIGHTS_ONLY_RESUMES = {
+    "zero2_fairscale-fabric-nameless:zero2_fsdp": "this fairscale file does not record which parameter",
+    "zero3-fabric:zero2_fairscale": "deepspeed and fairscale keep optimizer state in layouts that no maintained",
+}
 
 
 @pytest.fixture(scope="module")
@@ -88,9 +120,18 @@ def fabric_runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     resume = [*ROUND_TRIPS, *VARIANTS]
     trained = ["ddp", *TOLERANCES, "ddp@accum", "ddp@clip", *LOOP_VARIANTS]
     args = ["--steps", str(STEPS), "--strategies", *trained, "--resume", *resume, "--restage", RESTAGE]
+    args += ["--resume-under", *ACROSS_BACKENDS, *WEIGHTS_ONLY_RESUMES, "--trainer-under", *TRAINER_ACROSS_BACKENDS]
     log = run_script(RUNNER, str(out), *args, timeout=600)
     (out / "launch.log").write_text(log)
     return out
+
+
+@pytest.fixture(scope="module")
+def resized_runs(fabric_runs: Path) -> Path:
+    """The 2-process launch's checkpoints resumed on 1 process, in one launch."""
+    args = ["--steps", str(STEPS), "--devices", "1", "--resume-under", *RESIZED]
+    (fabric_runs / "resized.log").write_text(run_script(RUNNER, str(fabric_runs), *args, timeout=300))
+    return fabric_runs
 
 
 def test_every_preset_is_registered_with_fabric() -> None:
@@ -167,6 +208,126 @@ def test_a_checkpoint_resumes_across_fabric_and_the_trainer(fabric_runs: Path, n
     result = load_result(fabric_runs, f"{name}-{direction}")
     assert result["losses"] == reference["losses"]
     assert max_weight_difference(result["state_dict"], reference["state_dict"]) == 0
+
+
+def resumed_under(out: Path, spec: str, devices: int, side: str = "fabric") -> tuple[dict[str, Any], dict[str, Any]]:
+    """The second half of a ``CKPT:B`` resume under Fabric or the Trainer (``side``), and the uninterrupted Fabric
+    run of CKPT's preset from the same step."""
+    checkpoint, target = spec.split(":")
+    under = target if side == "fabric" else f"trainer-{target}"
+    result, reference = (
+        load_result(out, f"{checkpoint}-under-{under}-x{devices}"),
+        load_result(out, checkpoint.split("-")[0]),
+    )
+    return result, {**reference, "losses": reference["losses"][STEPS // 2 :]}
+
+
+def resume_lines(out: Path, spec: str, devices: int, side: str = "fabric") -> list[str]:
+    """The lines in which the resume of ``spec`` under Fabric or the Trainer says what it carries."""
+    checkpoint, target = spec.split(":")
+    backends = {"zero2_fsdp": "fsdp2", "zero2": "deepspeed", "zero2_fairscale": "fairscale"}
+    backend, stage = backends[target.split("@")[0]], 2
+    log = (out / ("launch.log" if devices == 2 else "resized.log")).read_text()
+    segment = split_output(log)[1][f"{side}:{spec}"]
+    here = f"under {describe(backend, stage, devices)}"
+    return [line for line in segment.splitlines() if f"Resuming '{out / checkpoint}.ckpt'" in line and here in line]
+
+
+def assert_follows(result: dict[str, Any], reference: dict[str, Any], tolerance: dict[str, float]) -> None:
+    losses = torch.tensor(reference["losses"])
+    torch.testing.assert_close(torch.tensor(result["losses"]), losses, atol=tolerance["loss"], rtol=0)
+    assert max_weight_difference(result["state_dict"], reference["state_dict"]) <= tolerance["weight"]
+
+
+#: The Trainer's tolerance for a change of stage or backend on the same processes (tests/test_checkpoint_runs.py).
+SAME_SIZE = {"loss": REGROUPED_TOLERANCE, "weight": REGROUPED_TOLERANCE}
+
+
+@pytest.mark.parametrize(
+    ("side", "spec"), [*(("fabric", spec) for spec in ACROSS_BACKENDS), ("trainer", *TRAINER_ACROSS_BACKENDS)]
+)
+def test_a_checkpoint_resumes_at_another_backend_across_fabric_and_the_trainer_with_its_optimizer_state(
+    fabric_runs: Path, side: str, spec: str
+) -> None:
+    """The Trainer's same-size tolerance for a change of stage or backend (1e-6); a resume without the optimizer
+    state is 1e-2 off (below); one line says the state was carried."""
+    assert_follows(*resumed_under(fabric_runs, spec, 2, side), SAME_SIZE)
+    said = resume_lines(fabric_runs, spec, 2, side)
+    assert len(said) == 1 and "with its optimizer state, through its universal form" in said[0], said
+
+
+@pytest.mark.parametrize("spec", RESIZED)
+def test_a_fabric_checkpoint_resumes_under_fabric_at_another_size(resized_runs: Path, spec: str) -> None:
+    """2 processes x 4 samples become 1 x 8: the Trainer's size-change tolerance (losses 1e-5, weights 1e-3)."""
+    assert_follows(*resumed_under(resized_runs, spec, 1), CROSS_TOLERANCE)
+    assert "without its optimizer state" not in (resized_runs / "resized.log").read_text()
+
+
+@pytest.mark.parametrize("spec", WEIGHTS_ONLY_RESUMES)
+def test_a_checkpoint_without_an_optimizer_route_resumes_under_fabric_weights_only_with_one_warning(
+    fabric_runs: Path, spec: str
+) -> None:
+    """The Trainer's weights-only tolerances: the first loss is the saved weights' (1e-5), the later ones a fresh
+    AdamW's (5%); the weights end far beyond the tolerances above (the check that they catch a dropped optimizer)."""
+    result, reference = resumed_under(fabric_runs, spec, 2)
+    assert abs(result["losses"][0] - reference["losses"][0]) <= WEIGHTS_ONLY_TOLERANCE["first_loss"]
+    later, expected = torch.tensor(result["losses"][1:]), torch.tensor(reference["losses"][1:])
+    torch.testing.assert_close(later, expected, rtol=WEIGHTS_ONLY_TOLERANCE["later_losses"], atol=0)
+    assert max_weight_difference(result["state_dict"], reference["state_dict"]) > 10 * CROSS_TOLERANCE["weight"]
+    said = resume_lines(fabric_runs, spec, 2)
+    assert len(said) == 1 and f"without its optimizer state: {WEIGHTS_ONLY_RESUMES[spec]}" in said[0], said
+    launch = (fabric_runs / "launch.log").read_text()
+    assert launch.count("without its optimizer state") == len(WEIGHTS_ONLY_RESUMES)
+
+
+def checkpoint_of_kind(directory: Path, kind: str) -> Path:
+    """An empty stand-in of a checkpoint ``kind``: a sharded ``directory`` (with DeepSpeed's NVMe swap folder:
+    ``nvme directory``), or a single ``file`` (recording its optimizer's parameter names: ``named file``)."""
+    path = directory / "x.ckpt"
+    if kind.endswith("directory"):
+        (path / "checkpoint").mkdir(parents=True)
+        (path / "latest").write_text("checkpoint")
+        if kind.startswith("nvme"):
+            (path / "checkpoint" / "offloaded_tensors").mkdir()
+    else:
+        torch.save({"state_dict": {}, **({PARAMETER_NAMES_KEY: [[]]} if kind.startswith("named") else {})}, path)
+    return path
+
+
+@pytest.mark.parametrize(
+    ("written", "kind", "here", "swaps_to_nvme", "route", "why"),
+    [
+        (("deepspeed", 3, 2), "directory", ("fsdp2", 2, 2), False, UNIVERSAL, ""),
+        (("fsdp2", 3, 2), "directory", ("fsdp2", 2, 1), False, NATIVE, ""),
+        (("fsdp2", 3, 2), "directory", ("deepspeed", 2, 2), False, UNIVERSAL, ""),
+        (("fairscale", 2, 2), "named file", ("fsdp2", 2, 2), False, UNIVERSAL, ""),
+        (("fairscale", 2, 2), "file", ("fsdp2", 2, 2), False, WEIGHTS_ONLY, "does not record which parameter"),
+        (("fsdp2", 3, 2), "file", ("deepspeed", 2, 2), False, WEIGHTS_ONLY, "does not record which parameter"),
+        (("deepspeed", 3, 2), "nvme directory", ("fsdp2", 2, 2), False, WEIGHTS_ONLY, NVME_NOT_CARRIED),
+        (("deepspeed", 2, 2), "directory", ("deepspeed", 3, 2), True, WEIGHTS_ONLY, NVME_NOT_CARRIED),
+    ],
+)
+def test_fabric_and_the_trainer_choose_a_checkpoints_route_alike(
+    tmp_path: Path,
+    written: tuple[str, int, int],
+    kind: str,
+    here: tuple[str, int, int],
+    swaps_to_nvme: bool,
+    route: str,
+    why: str,
+) -> None:
+    """The one route choice of the Trainer's strategies and Fabric's (Fabric's DeepSpeed took a file without names,
+    an FSDP2 ``"full"`` one, for one with them, and failed in its conversion); whether the run swaps its optimizer
+    to NVMe is asked only where the route would carry it."""
+    asked: list[bool] = []
+
+    def swaps() -> bool:
+        asked.append(swaps_to_nvme)
+        return swaps_to_nvme
+
+    chosen = choose_route(checkpoint_of_kind(tmp_path, kind), manifest_of(*written), *here, swaps)
+    assert chosen.name == route and why in chosen.why
+    assert bool(asked) == (route == UNIVERSAL or swaps_to_nvme)
 
 
 @pytest.mark.parametrize("name", [*CHECKED_VARIANTS, "ddp@clip"])

@@ -20,11 +20,13 @@ from __future__ import annotations
 
 import argparse
 import os
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from lightning_zero.checkpoint.atomic import fsync_tree, partial_path, publish, remove_path
-from lightning_zero.checkpoint.by_name import write_universal
+from lightning_zero.checkpoint.by_name import records_parameter_names, write_universal
 from lightning_zero.checkpoint.manifest import Manifest, checkpoint_manifest
 from lightning_zero.checkpoint.validate import DCP_METADATA
 
@@ -69,6 +71,44 @@ def why_not_carried(manifest: Manifest | None, backend: str) -> str:
         )
     written = "a checkpoint of unknown origin" if manifest is None else manifest.backend
     return f"{written} and {backend} keep optimizer state in layouts that no maintained converter maps"
+
+
+@dataclass(frozen=True)
+class Route:
+    """How a checkpoint resumes here: :data:`NATIVE`, :data:`UNIVERSAL` or :data:`WEIGHTS_ONLY`, and for
+    :data:`WEIGHTS_ONLY` why the optimizer state is not carried."""
+
+    name: str
+    why: str = ""
+
+
+def choose_route(
+    path: Path,
+    manifest: Manifest | None,
+    backend: str,
+    stage: int,
+    world_size: int,
+    swaps_to_nvme: Callable[[], bool],
+) -> Route:
+    """The route of the checkpoint ``path`` (written as ``manifest`` says) into ``backend`` at ``stage`` on
+    ``world_size`` processes (``swaps_to_nvme()``: whether this run keeps its optimizer state in NVMe swap files,
+    asked only of a universal route); the Trainer's strategies and Fabric's take the same one."""
+    by_name = path.is_dir() or records_parameter_names(path)
+    route = resume_route(manifest, backend, stage, world_size, by_name=by_name)
+    if route == WEIGHTS_ONLY:
+        return Route(WEIGHTS_ONLY, why_not_carried(manifest, backend))
+    if route == UNIVERSAL and (has_nvme_optimizer_state(path) or swaps_to_nvme()):
+        return Route(WEIGHTS_ONLY, NVME_NOT_CARRIED)
+    return Route(route)
+
+
+def universal_form(path: Path, is_global_zero: bool, barrier: Callable[[], None]) -> Path:
+    """The universal form of ``path``, converted on global rank 0 (once: a later resume finds it) while the other
+    ranks wait at ``barrier``; collective."""
+    if is_global_zero:
+        universal_checkpoint(path)
+    barrier()
+    return path.with_name(path.name + UNIVERSAL_SUFFIX)
 
 
 def universal_checkpoint(path: Path) -> Path:

@@ -8,27 +8,13 @@ from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from lightning.pytorch.utilities import rank_zero_info
-
 from lightning_zero.checkpoint.atomic import remove_checkpoint, save_atomically
-from lightning_zero.checkpoint.by_name import (
-    records_parameter_names,
-)
 from lightning_zero.checkpoint.manifest import Manifest, checkpoint_manifest
-from lightning_zero.checkpoint.reshard import (
-    NVME_NOT_CARRIED,
-    UNIVERSAL,
-    UNIVERSAL_SUFFIX,
-    WEIGHTS_ONLY,
-    has_nvme_optimizer_state,
-    resume_route,
-    universal_checkpoint,
-    why_not_carried,
-)
+from lightning_zero.checkpoint.reshard import UNIVERSAL, WEIGHTS_ONLY, choose_route, universal_form
 from lightning_zero.checkpoint.validate import check_checkpoint
 from lightning_zero.checkpoint.weights_only import (
     describe,
-    describe_manifest,
+    say_optimizer_carried,
     warn_optimizer_not_carried,
     weights_only_checkpoint,
 )
@@ -74,20 +60,13 @@ class SafeCheckpoints(_Strategy):
         check_checkpoint(path, self.lightning_module)
         backend, stage = self.checkpoint_identity()
         manifest = checkpoint_manifest(path)
-        by_name = path.is_dir() or records_parameter_names(path)
-        route = resume_route(manifest, backend, stage, self.world_size, by_name=by_name)
-        if route == WEIGHTS_ONLY:
-            return self._weights_only(path, manifest, why_not_carried(manifest, backend))
-        if route == UNIVERSAL and (has_nvme_optimizer_state(path) or self.swaps_optimizer_to_nvme()):
-            return self._weights_only(path, manifest, NVME_NOT_CARRIED)
-        if route != UNIVERSAL:
+        route = choose_route(path, manifest, backend, stage, self.world_size, self.swaps_optimizer_to_nvme)
+        if route.name == WEIGHTS_ONLY:
+            return self._weights_only(path, manifest, route.why)
+        if route.name != UNIVERSAL:
             return super().load_checkpoint(path, weights_only)
-        universal = self._universal(path)
-        rank_zero_info(
-            f"Resuming '{path}' (written by {describe_manifest(manifest)}) under"
-            f" {describe(backend, stage, self.world_size)} with its optimizer state, through its universal form"
-            f" '{universal}' (converted once; later resumes reuse it)."
-        )
+        universal = universal_form(path, self.is_global_zero, self.barrier)
+        say_optimizer_carried(path, manifest, describe(backend, stage, self.world_size), universal)
         return self.load_universal(path, universal, weights_only)
 
     def add_checkpoint_entries(self, checkpoint: dict[str, Any]) -> None:
@@ -118,10 +97,3 @@ class SafeCheckpoints(_Strategy):
         here = describe(backend, stage, self.world_size)
         warn_optimizer_not_carried(path, manifest, here, why)
         return checkpoint
-
-    def _universal(self, path: Path) -> Path:
-        """Convert on rank 0 (once: a later resume finds it), then every rank reads the universal form."""
-        if self.is_global_zero:
-            universal_checkpoint(path)
-        self.barrier()
-        return path.with_name(path.name + UNIVERSAL_SUFFIX)

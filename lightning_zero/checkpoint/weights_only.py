@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 from lightning.fabric.plugins import CheckpointIO
-from lightning.pytorch.utilities import rank_zero_warn
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from torch import nn
 
 from lightning_zero.checkpoint.full_state import read_full_state
@@ -58,6 +58,14 @@ def warn_optimizer_not_carried(path: Path, manifest: Manifest | None, here: str,
         " weights, global step, epoch, data position, RNG states and LR schedulers (with ExactResume, which also"
         " sets the scheduled learning rates); the optimizer starts from"
         " empty state (Adam moments and step counts), so the first steps differ from the run that wrote it."
+    )
+
+
+def say_optimizer_carried(path: Path, manifest: Manifest | None, here: str, universal: Path) -> None:
+    """The one line of a resume that carries the optimizer state through the universal form ``universal``."""
+    rank_zero_info(
+        f"Resuming '{path}' (written by {describe_manifest(manifest)}) under {here} with its optimizer state, through"
+        f" its universal form '{universal}' (converted once; later resumes reuse it)."
     )
 
 

@@ -18,27 +18,22 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from lightning.fabric.utilities import rank_zero_info
 from torch.nn import Module
 
 from lightning_zero.checkpoint.atomic import save_module_atomically
 from lightning_zero.checkpoint.manifest import checkpoint_manifest
 from lightning_zero.checkpoint.reshard import (
-    NVME_NOT_CARRIED,
     UNIVERSAL,
-    UNIVERSAL_SUFFIX,
     WEIGHTS_ONLY,
-    has_nvme_optimizer_state,
+    choose_route,
     repair_universal_load,
-    resume_route,
-    universal_checkpoint,
-    why_not_carried,
+    universal_form,
 )
 from lightning_zero.checkpoint.validate import check_checkpoint
 from lightning_zero.checkpoint.weights_only import (
     describe,
-    describe_manifest,
     load_into_deepspeed,
+    say_optimizer_carried,
     warn_optimizer_not_carried,
     weights_only_checkpoint,
 )
@@ -95,27 +90,18 @@ def load(
     check_checkpoint(path, engine.module)
     stage = strategy.zero.stage
     manifest = checkpoint_manifest(path)
-    route = resume_route(manifest, "deepspeed", stage, strategy.world_size, by_name=True)
-    if route == UNIVERSAL and (has_nvme_optimizer_state(path) or engine.zero_nvme_offload_optimizer()):
-        route, why = WEIGHTS_ONLY, NVME_NOT_CARRIED
-    else:
-        why = why_not_carried(manifest, "deepspeed")
+    swaps_to_nvme = engine.zero_nvme_offload_optimizer
+    route = choose_route(path, manifest, "deepspeed", stage, strategy.world_size, lambda: bool(swaps_to_nvme()))
     here = describe("deepspeed", stage, strategy.world_size)
-    if route == WEIGHTS_ONLY:
+    if route.name == WEIGHTS_ONLY:
         checkpoint = weights_only_checkpoint(path)
         load_into_deepspeed(engine.module, engine, checkpoint.pop("state_dict"), stage)
-        warn_optimizer_not_carried(path, manifest, here, why)
+        warn_optimizer_not_carried(path, manifest, here, route.why)
         return checkpoint
-    if route != UNIVERSAL:
+    if route.name != UNIVERSAL:
         return read(path)
-    if strategy.is_global_zero:
-        universal_checkpoint(path)  # converted once: a later resume finds it
-    strategy.barrier()
-    universal = path.with_name(path.name + UNIVERSAL_SUFFIX)
-    rank_zero_info(
-        f"Resuming '{path}' (written by {describe_manifest(manifest)}) under {here} with its optimizer state,"
-        f" through its universal form '{universal}'."
-    )
+    universal = universal_form(path, strategy.is_global_zero, strategy.barrier)
+    say_optimizer_carried(path, manifest, here, universal)
     load_universal_checkpoint_next(engine)
     checkpoint = read(universal)
     repair_universal_load(engine.optimizer.optimizer, universal, stage)

@@ -22,8 +22,15 @@ from torch.optim import Optimizer
 
 from lightning_zero.checkpoint.atomic import save_module_atomically
 from lightning_zero.checkpoint.manifest import checkpoint_manifest
+from lightning_zero.checkpoint.reshard import NATIVE, WEIGHTS_ONLY, choose_route, universal_form
 from lightning_zero.checkpoint.validate import check_checkpoint
-from lightning_zero.checkpoint.weights_only import describe_manifest
+from lightning_zero.checkpoint.weights_only import (
+    describe,
+    load_into_fsdp2,
+    say_optimizer_carried,
+    warn_optimizer_not_carried,
+    weights_only_checkpoint,
+)
 from lightning_zero.errors import ZeroConfigError
 from lightning_zero.fabric.trainer_format import (
     OPTIMIZERS,
@@ -40,7 +47,7 @@ from lightning_zero.fabric.watched import FabricWatchedRanks
 from lightning_zero.internals import set_parallel_sizes
 from lightning_zero.memory.budget import apply_memory_budget, lift_memory_budget
 from lightning_zero.runtime.blocks import prepare_blocks
-from lightning_zero.strategies.fsdp2 import shard_module
+from lightning_zero.strategies.fsdp2 import load_universal_into_fsdp2, shard_module
 from lightning_zero.strategies.fsdp2_config import FSDP2ZeroConfig, fully_shard_options
 
 if TYPE_CHECKING:
@@ -139,28 +146,45 @@ class FabricFSDP2Strategy(FabricWatchedRanks, ModelParallelStrategy):
     def load_checkpoint(
         self, path: Any, state: Any = None, strict: bool = True, weights_only: bool | None = None
     ) -> dict[str, Any]:
-        """A checkpoint of this backend written by Fabric or the Trainer, checked first; one written by another
-        backend is refused (the Trainer's FSDP2 strategy resumes those)."""
+        """A checkpoint written by Fabric or the Trainer, checked first, on the Trainer's FSDP2 strategy's route: one
+        of FSDP2 at any size or stage as it is (DCP re-shards it), one of DeepSpeed or FairScale with its optimizer
+        state through its universal form, or its weights alone, with one warning saying why; LR schedulers in
+        ``state`` from the checkpoint's ``lr_schedulers``."""
         if not isinstance(state, dict) or not state:
             return super().load_checkpoint(path, state, strict, weights_only)  # Fabric's own errors and raw loads
         where = Path(self.broadcast(str(path)))
-        check_checkpoint(where, _unwrapped(the_module(state)[1]))
+        module = _unwrapped(the_module(state)[1])
+        check_checkpoint(where, module)
         manifest = checkpoint_manifest(where)
-        if manifest is not None and manifest.backend != self.zero_backend:
-            raise ZeroConfigError(
-                f"'{where}' was written by {describe_manifest(manifest)}: under Fabric an FSDP2 preset resumes FSDP2"
-                " checkpoints only; resume it under a preset of its backend, or under the Trainer."
-            )
+        route = choose_route(where, manifest, self.zero_backend, self.zero.stage, self.world_size, lambda: False)
 
         def load(others: dict[str, Any]) -> dict[str, Any]:
-            if where.is_file():
-                return _load_full(where, others, strict, weights_only)
-            renamed = sharded_keys(others)
-            rest = super(FabricFSDP2Strategy, self).load_checkpoint(where, renamed, strict, weights_only)
-            others.update({key: renamed[key] for key in others if key in renamed})
-            return rest
+            if route.name == NATIVE:
+                return self._load_native(where, others, strict, weights_only)
+            here = describe(self.zero_backend, self.zero.stage, self.world_size)
+            if route.name == WEIGHTS_ONLY:
+                checkpoint = weights_only_checkpoint(where)
+                load_into_fsdp2(module, checkpoint[WEIGHTS])
+                warn_optimizer_not_carried(where, manifest, here, route.why)
+            else:
+                universal = universal_form(where, self.is_global_zero, self.barrier)
+                say_optimizer_carried(where, manifest, here, universal)
+                checkpoint = load_universal_into_fsdp2(where, universal, module, _the_optimizer(others, strict))
+            del checkpoint[WEIGHTS], checkpoint[OPTIMIZERS]
+            return restore_entries(checkpoint, others, strict)
 
         return load_with_schedulers(state, strict, load)
+
+    def _load_native(
+        self, where: Path, state: dict[str, Any], strict: bool, weights_only: bool | None
+    ) -> dict[str, Any]:
+        """An FSDP2 checkpoint: one file, or a DCP directory (Fabric's load, under the Trainer's names)."""
+        if where.is_file():
+            return _load_full(where, state, strict, weights_only)
+        renamed = sharded_keys(state)
+        rest = super().load_checkpoint(where, renamed, strict, weights_only)
+        state.update({key: renamed[key] for key in state if key in renamed})
+        return rest
 
     def full_state_dict(self, model: nn.Module) -> dict[str, Any]:
         """The whole state dict of ``model`` (as ``fabric.setup`` returned it) on global rank 0, gathered from every
@@ -219,6 +243,18 @@ def _load_full(path: Path, state: dict[str, Any], strict: bool, weights_only: bo
         by_name = FullyShardedDataParallel.rekey_optim_state_dict(by_position, OptimStateKeyType.PARAM_NAME, module)
         set_optimizer_state_dict(module, optimizer, optim_state_dict=by_name, options=options)
     return restore_entries(checkpoint, state, strict)
+
+
+def _the_optimizer(state: dict[str, Any], strict: bool) -> Optimizer | None:
+    """The one optimizer of ``state`` that a universal checkpoint's optimizer state loads into (``None``: the state
+    asks for none)."""
+    optimizers = [optimizer for _, optimizer in optimizers_of(state)]
+    if len(optimizers) > 1 and strict:
+        raise ZeroConfigError(
+            f"A checkpoint of another backend holds one optimizer state, the state passes {len(optimizers)}"
+            " optimizers: pass the one it was saved with, or `strict=False` (the first gets it)."
+        )
+    return optimizers[0] if optimizers else None
 
 
 def _unwrapped(model: nn.Module) -> nn.Module:

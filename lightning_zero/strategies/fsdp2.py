@@ -158,15 +158,23 @@ class FSDP2Strategy(ShardedSetup, WatchedRanks, SafeCheckpoints, ModelParallelSt
         load_into_fsdp2(module, state_dict)
 
     def load_universal(self, path: Path, universal: Path, weights_only: bool | None) -> dict[str, Any]:
-        """A DeepSpeed or FairScale checkpoint into FSDP2: the fp32 master weights into the model, then the optimizer
-        state by parameter name; Lightning restores the rest of the dict."""
-        checkpoint = weights_only_checkpoint(path)
-        del checkpoint[WEIGHTS_ONLY_KEY]  # the optimizer, its learning rates included, is carried
+        """A DeepSpeed or FairScale checkpoint into FSDP2 (:func:`load_universal_into_fsdp2`); Lightning restores the
+        rest of the dict."""
         module = self.lightning_module
         assert module is not None, "a checkpoint loads into a set-up strategy"
-        load_into_fsdp2(module, checkpoint["state_dict"])
-        load_into_torch_optimizer(module, self.optimizers[0], read_universal(universal))
-        return checkpoint
+        return load_universal_into_fsdp2(path, universal, module, self.optimizers[0])
+
+
+def load_universal_into_fsdp2(path: Path, universal: Path, module: nn.Module, optimizer: Any) -> dict[str, Any]:
+    """A DeepSpeed or FairScale checkpoint ``path`` into the FSDP2-sharded ``module``: its fp32 master weights, then
+    (unless ``optimizer`` is ``None``) the optimizer state by parameter name from ``universal``, its universal form;
+    returns the checkpoint's other entries (Lightning's, under Fabric the state's), ``state_dict`` among them."""
+    checkpoint = weights_only_checkpoint(path)
+    del checkpoint[WEIGHTS_ONLY_KEY]  # the optimizer, its learning rates included, is carried
+    load_into_fsdp2(module, checkpoint["state_dict"])
+    if optimizer is not None:
+        load_into_torch_optimizer(module, optimizer, read_universal(universal))
+    return checkpoint
 
 
 def shard_module(module: nn.Module, mesh: DeviceMesh, options: Any) -> int:

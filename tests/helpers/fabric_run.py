@@ -15,6 +15,12 @@ state at the Fabric save as NAME-half.pt). ``NAME@sched`` adds an LR scheduler o
 scheduler in ``bf16-mixed`` (the run of NAME@VARIANT uninterrupted under Fabric is saved too, NAME@VARIANT.pt),
 ``NAME@full`` saves one-file checkpoints (FSDP2's ``checkpoint_format="full"``).
 ``--restage A:B`` resumes a Fabric checkpoint of preset A under preset B (A-to-B.pt).
+``--resume-under CKPT:B`` resumes OUT_DIR/CKPT.ckpt, which the round trips of this or an earlier launch saved at
+half the steps, under Fabric with preset B on ``--devices`` processes and trains the second half
+(CKPT-under-B-xN.pt, the second half's losses); ``--trainer-under CKPT:B`` the same under the Trainer on 2
+processes (CKPT-under-trainer-B-x2.pt); each announced as ``fabric:CKPT:B`` or ``trainer:CKPT:B``
+(:func:`~tests.helpers.shared_launch.announce`). ``CKPT-nameless`` is CKPT (a FairScale file) without the names of its
+optimizer's parameters, as a FairScale file saved before they were recorded.
 """
 
 from __future__ import annotations
@@ -32,10 +38,14 @@ import torch
 from torch.utils.data import DataLoader, Subset
 
 from lightning_zero import build_fabric_preset, build_preset  # (the import registers the presets, Fabric's too)
+from lightning_zero.checkpoint.by_name import PARAMETER_NAMES_KEY
+from tests.helpers.shared_launch import announce
 from tests.helpers.tiny import TinyLM, token_data
 from tests.helpers.trainer import end_process_group, quiet_trainer
 
 BATCH = 4
+#: The samples of one step over all ranks: ``BATCH`` on each of 2 processes, all of them on 1.
+GLOBAL_BATCH = 2 * BATCH
 LR = 1e-2
 WEIGHT_DECAY = 0.01
 
@@ -74,9 +84,9 @@ VARIANTS = {
 }
 
 
-def fabric_for(strategy: str, variant: Variant = Variant()) -> L.Fabric:
+def fabric_for(strategy: str, variant: Variant = Variant(), devices: int = 2) -> L.Fabric:
     chosen = variant.strategy(strategy, build_fabric_preset)
-    fabric = L.Fabric(accelerator="cpu", devices=2, strategy=chosen, precision=variant.precision)
+    fabric = L.Fabric(accelerator="cpu", devices=devices, strategy=chosen, precision=variant.precision)
     fabric.launch()
     return fabric
 
@@ -86,12 +96,14 @@ def schedule(optimizer: Any) -> Any:
     return torch.optim.lr_scheduler.LinearLR(optimizer, start_factor=1.0, end_factor=0.5, total_iters=20)
 
 
-def samples(rank: int, first_step: int, steps: int) -> Subset[Any]:
-    """The samples ``rank`` trains on in steps ``first_step`` to ``first_step + steps``: r, r + 2, ... of the data,
-    in order. Each rank's loader is its own (no distributed sampler): the Trainer's always shuffles, and the
-    second half of a run must see the batches an uninterrupted run sees."""
-    first = BATCH * first_step
-    return Subset(token_data(), [2 * index + rank for index in range(first, first + BATCH * steps)])
+def samples(rank: int, first_step: int, steps: int, world_size: int = 2) -> Subset[Any]:
+    """The samples ``rank`` of ``world_size`` trains on in steps ``first_step`` to ``first_step + steps``: r, r + 2,
+    ... of the data, in order, on 2 processes; all of them on 1 (each step the same samples). Each rank's loader is
+    its own (no distributed sampler): the Trainer's always shuffles, and the second half of a run must see the
+    batches an uninterrupted run sees."""
+    batch = GLOBAL_BATCH // world_size
+    first = batch * first_step
+    return Subset(token_data(), [world_size * index + rank for index in range(first, first + batch * steps)])
 
 
 def fabric_setup(fabric: L.Fabric, variant: Variant = Variant()) -> tuple[Any, Any, Any]:
@@ -113,8 +125,9 @@ def fabric_train(
     scheduler: Any = None,
     variant: Variant = Variant(),
 ) -> list[float]:
-    data = samples(fabric.global_rank, first_step, steps)
-    loader = fabric.setup_dataloaders(DataLoader(data, batch_size=BATCH), use_distributed_sampler=False)
+    data = samples(fabric.global_rank, first_step, steps, fabric.world_size)
+    batch = GLOBAL_BATCH // fabric.world_size
+    loader = fabric.setup_dataloaders(DataLoader(data, batch_size=batch), use_distributed_sampler=False)
     losses = []
     for (input_ids,) in loader:
         micro_batches = input_ids.chunk(variant.accumulate)
@@ -236,13 +249,56 @@ def restage(out: Path, spec: str, steps: int) -> None:
     save_result(fabric, out, f"{first}-to-{second}", losses, full_state(fabric, model))
 
 
+NAMELESS = "-nameless"
+
+
+def resume_under(out: Path, spec: str, steps: int, devices: int) -> None:
+    """``CKPT:B``: Fabric under preset B (``B@VARIANT``: with that variant) on ``devices`` processes loads
+    OUT/CKPT.ckpt, written at half the steps, and trains the second half."""
+    checkpoint, target = spec.split(":")
+    strategy, variant = Variant.of(target)
+    half = steps // 2
+    fabric = fabric_for(strategy, variant, devices)
+    path = out / f"{checkpoint}.ckpt"
+    if checkpoint.endswith(NAMELESS) and fabric.is_global_zero:
+        content = torch.load(out / f"{checkpoint.removesuffix(NAMELESS)}.ckpt", weights_only=True)
+        del content[PARAMETER_NAMES_KEY]
+        torch.save(content, path)
+    fabric.barrier()
+    model, optimizer, scheduler = fabric_setup(fabric, variant)
+    state = {"model": model, "optimizer": optimizer}
+    rest = fabric.load(path, state if scheduler is None else {**state, "scheduler": scheduler})
+    assert rest["global_step"] == half, rest.keys()
+    losses = fabric_train(fabric, model, optimizer, half, steps - half, scheduler)
+    save_result(fabric, out, f"{checkpoint}-under-{target}-x{devices}", losses, full_state(fabric, model))
+
+
+def trainer_under(out: Path, spec: str, steps: int) -> None:
+    """``CKPT:B``: the Trainer under preset B on 2 processes resumes OUT/CKPT.ckpt, written at half the steps, through
+    ``ckpt_path`` and trains the second half (its loop counters start at 0)."""
+    checkpoint, target = spec.split(":")
+    strategy, variant = Variant.of(target)
+    half = steps // 2
+    trainer = trainer_for(strategy, variant, steps - half)
+    module = TailLM(half, steps - half, variant.scheduled)
+    trainer.fit(module, ckpt_path=out / f"{checkpoint}.ckpt")
+    state = trainer_state(trainer)
+    if trainer.is_global_zero:
+        result = {"losses": module.losses, "state_dict": state}
+        torch.save(result, out / f"{checkpoint}-under-trainer-{target}-x2.pt")
+    trainer.strategy.barrier()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("out", type=Path)
     parser.add_argument("--steps", type=int, default=8)
-    parser.add_argument("--strategies", nargs="+", default=["ddp"])
+    parser.add_argument("--devices", type=int, default=2, help="processes of the --resume-under runs")
+    parser.add_argument("--strategies", nargs="*", default=[])
     parser.add_argument("--resume", nargs="*", default=[])
     parser.add_argument("--restage", nargs="*", default=[])
+    parser.add_argument("--resume-under", nargs="*", default=[])
+    parser.add_argument("--trainer-under", nargs="*", default=[])
     args = parser.parse_args()
     torch.set_num_threads(1)
     for strategy in args.strategies:
@@ -254,6 +310,12 @@ def main() -> None:
         trainer_to_fabric(args.out, spec, args.steps)
     for spec in args.restage:
         restage(args.out, spec, args.steps)
+    for spec in args.resume_under:
+        announce(f"fabric:{spec}")
+        resume_under(args.out, spec, args.steps, args.devices)
+    for spec in args.trainer_under:
+        announce(f"trainer:{spec}")
+        trainer_under(args.out, spec, args.steps)
     end_process_group()
 
 
