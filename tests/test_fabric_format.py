@@ -59,6 +59,7 @@ def test_a_load_gives_each_scheduler_its_saved_state_and_the_backend_the_rest() 
     assert set(given[0]) == {"model", "optimizer", "step"}
     assert scheduler.last_epoch == 3 and scheduler.get_last_lr() == [0.625]
     assert state["step"] == 3 and rest == {"loops": {}}
+    assert optimizer.param_groups[0]["lr"] == 0.625  # the backend's load left it at 1.0, as a weights-only one does
 
 
 def test_a_load_with_more_schedulers_than_saved_is_one_line_unless_not_strict() -> None:

@@ -45,7 +45,7 @@ def load_with_schedulers(
     state: dict[str, Any], strict: bool, load: Callable[[dict[str, Any]], dict[str, Any]]
 ) -> dict[str, Any]:
     """``load(state without its LR schedulers)`` (a backend's load), then each scheduler from the checkpoint's
-    ``lr_schedulers``, in order; returns what was not restored."""
+    ``lr_schedulers``, in order, and its optimizer's learning rates from it; returns what was not restored."""
     schedulers = [value for value in state.values() if isinstance(value, LRScheduler)]
     others = {key: value for key, value in state.items() if not isinstance(value, LRScheduler)}
     rest = load(others)
@@ -60,6 +60,9 @@ def load_with_schedulers(
         )
     for scheduler, scheduler_state in zip(schedulers, saved, strict=False):
         scheduler.load_state_dict(scheduler_state)
+        # A weights-only resume left a fresh optimizer at its first rates (a carried one has these already).
+        for group, rate in zip(scheduler.optimizer.param_groups, scheduler.get_last_lr(), strict=True):
+            group["lr"] = rate
     return rest
 
 
