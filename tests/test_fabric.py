@@ -112,6 +112,10 @@ WEIGHTS_ONLY_RESUMES = {
     "zero2_fairscale-fabric-nameless:zero2_fsdp": "this fairscale file does not record which parameter",
     "zero3-fabric:zero2_fairscale": "deepspeed and fairscale keep optimizer state in layouts that no maintained",
 }
+#: The same on 1 process: a DeepSpeed checkpoint under a one-card preset.
+RESIZED_WEIGHTS_ONLY = {
+    "zero3-fabric:onecard_step_in_backward": "deepspeed and onecard keep optimizer state in layouts that no maintained",
+}
 
 
 @pytest.fixture(scope="module")
@@ -129,7 +133,7 @@ def fabric_runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def resized_runs(fabric_runs: Path) -> Path:
     """The 2-process launch's checkpoints resumed on 1 process, in one launch."""
-    args = ["--steps", str(STEPS), "--devices", "1", "--resume-under", *RESIZED]
+    args = ["--steps", str(STEPS), "--devices", "1", "--resume-under", *RESIZED, *RESIZED_WEIGHTS_ONLY]
     (fabric_runs / "resized.log").write_text(run_script(RUNNER, str(fabric_runs), *args, timeout=300))
     return fabric_runs
 
@@ -225,8 +229,13 @@ def resumed_under(out: Path, spec: str, devices: int, side: str = "fabric") -> t
 def resume_lines(out: Path, spec: str, devices: int, side: str = "fabric") -> list[str]:
     """The lines in which the resume of ``spec`` under Fabric or the Trainer says what it carries."""
     checkpoint, target = spec.split(":")
-    backends = {"zero2_fsdp": "fsdp2", "zero2": "deepspeed", "zero2_fairscale": "fairscale"}
-    backend, stage = backends[target.split("@")[0]], 2
+    backends = {
+        "zero2_fsdp": ("fsdp2", 2),
+        "zero2": ("deepspeed", 2),
+        "zero2_fairscale": ("fairscale", 2),
+        "onecard_step_in_backward": ("onecard", 0),
+    }
+    backend, stage = backends[target.split("@")[0]]
     log = (out / ("launch.log" if devices == 2 else "resized.log")).read_text()
     segment = split_output(log)[1][f"{side}:{spec}"]
     here = f"under {describe(backend, stage, devices)}"
@@ -260,23 +269,27 @@ def test_a_checkpoint_resumes_at_another_backend_across_fabric_and_the_trainer_w
 def test_a_fabric_checkpoint_resumes_under_fabric_at_another_size(resized_runs: Path, spec: str) -> None:
     """2 processes x 4 samples become 1 x 8: the Trainer's size-change tolerance (losses 1e-5, weights 1e-3)."""
     assert_follows(*resumed_under(resized_runs, spec, 1), CROSS_TOLERANCE)
-    assert "without its optimizer state" not in (resized_runs / "resized.log").read_text()
+    resized = (resized_runs / "resized.log").read_text()
+    assert resized.count("without its optimizer state") == len(RESIZED_WEIGHTS_ONLY)  # those below alone
 
 
-@pytest.mark.parametrize("spec", WEIGHTS_ONLY_RESUMES)
+@pytest.mark.parametrize(
+    ("spec", "devices"), [*((spec, 2) for spec in WEIGHTS_ONLY_RESUMES), *((spec, 1) for spec in RESIZED_WEIGHTS_ONLY)]
+)
 def test_a_checkpoint_without_an_optimizer_route_resumes_under_fabric_weights_only_with_one_warning(
-    fabric_runs: Path, spec: str
+    resized_runs: Path, spec: str, devices: int
 ) -> None:
     """The Trainer's weights-only tolerances: the first loss is the saved weights' (1e-5), the later ones a fresh
     AdamW's (5%); the weights end far beyond the tolerances above (the check that they catch a dropped optimizer)."""
-    result, reference = resumed_under(fabric_runs, spec, 2)
+    result, reference = resumed_under(resized_runs, spec, devices)
     assert abs(result["losses"][0] - reference["losses"][0]) <= WEIGHTS_ONLY_TOLERANCE["first_loss"]
     later, expected = torch.tensor(result["losses"][1:]), torch.tensor(reference["losses"][1:])
     torch.testing.assert_close(later, expected, rtol=WEIGHTS_ONLY_TOLERANCE["later_losses"], atol=0)
     assert max_weight_difference(result["state_dict"], reference["state_dict"]) > 10 * CROSS_TOLERANCE["weight"]
-    said = resume_lines(fabric_runs, spec, 2)
-    assert len(said) == 1 and f"without its optimizer state: {WEIGHTS_ONLY_RESUMES[spec]}" in said[0], said
-    launch = (fabric_runs / "launch.log").read_text()
+    said = resume_lines(resized_runs, spec, devices)
+    expected_why = {**WEIGHTS_ONLY_RESUMES, **RESIZED_WEIGHTS_ONLY}[spec]
+    assert len(said) == 1 and f"without its optimizer state: {expected_why}" in said[0], said
+    launch = (resized_runs / "launch.log").read_text()
     assert launch.count("without its optimizer state") == len(WEIGHTS_ONLY_RESUMES)
 
 

@@ -18,7 +18,7 @@ from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from torch import nn
 
 from lightning_zero.checkpoint.full_state import read_full_state
-from lightning_zero.checkpoint.manifest import Manifest, read_manifest
+from lightning_zero.checkpoint.manifest import Manifest, checkpoint_manifest
 from lightning_zero.checkpoint.reshard import why_not_carried
 from lightning_zero.checkpoint.validate import DCP_METADATA, DEEPSPEED_TAG_FILE
 from lightning_zero.internals import scheduler_state_last_lr
@@ -75,8 +75,8 @@ def describe_manifest(manifest: Manifest | None) -> str:
 
 
 def describe(backend: str, stage: int, world_size: int) -> str:
-    """``deepspeed ZeRO-2 on 2 processes``."""
-    stage_name = "" if backend == "ddp" else f" ZeRO-{stage}"
+    """``deepspeed ZeRO-2 on 2 processes`` (``onecard on 1 process``: no stage 0 named)."""
+    stage_name = "" if stage == 0 else f" ZeRO-{stage}"
     return f"{backend}{stage_name} on {world_size} process{'es' if world_size != 1 else ''}"
 
 
@@ -116,12 +116,7 @@ class ShardedCheckpointFallback(CheckpointIO):
         path = Path(path)
         if not is_checkpoint_directory(path):
             return self.inner.load_checkpoint(path, map_location=map_location, weights_only=weights_only)
-        manifest = read_manifest(path)
-        here = describe("ddp", 0, torch.distributed.get_world_size() if torch.distributed.is_initialized() else 1)
-        why = why_not_carried(manifest, "a plain Lightning strategy")
-        checkpoint = weights_only_checkpoint(path)
-        warn_optimizer_not_carried(path, manifest, here, why)
-        return checkpoint
+        return weights_only_of_another_backend(path, "ddp", 0)
 
     def save_checkpoint(self, checkpoint: dict[str, Any], path: Any, storage_options: Any = None) -> None:
         self.inner.save_checkpoint(checkpoint, path, storage_options=storage_options)
@@ -131,6 +126,17 @@ class ShardedCheckpointFallback(CheckpointIO):
 
     def teardown(self) -> None:
         self.inner.teardown()
+
+
+def weights_only_of_another_backend(path: Path, backend: str, stage: int) -> dict[str, Any]:
+    """:func:`weights_only_checkpoint` of ``path`` for a strategy of ``backend`` and ``stage`` that has no route for
+    its optimizer state, with the one warning saying so."""
+    manifest = checkpoint_manifest(path)
+    here = describe(backend, stage, torch.distributed.get_world_size() if torch.distributed.is_initialized() else 1)
+    why = why_not_carried(manifest, "a plain Lightning strategy" if backend == "ddp" else backend)
+    checkpoint = weights_only_checkpoint(path)
+    warn_optimizer_not_carried(path, manifest, here, why)
+    return checkpoint
 
 
 def is_checkpoint_directory(path: Path) -> bool:

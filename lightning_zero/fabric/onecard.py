@@ -14,6 +14,7 @@ and more than one device or node when the ``Fabric`` is built.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -21,6 +22,9 @@ from lightning.fabric.strategies import SingleDeviceStrategy
 from torch import Tensor, nn
 from torch.optim import Optimizer
 
+from lightning_zero.checkpoint.manifest import checkpoint_manifest
+from lightning_zero.checkpoint.validate import check_checkpoint
+from lightning_zero.checkpoint.weights_only import WEIGHTS_ONLY_KEY, weights_only_of_another_backend
 from lightning_zero.errors import ZeroConfigError
 from lightning_zero.fabric.trainer_format import (
     OPTIMIZERS,
@@ -199,15 +203,24 @@ class FabricOneCardStrategy(SingleDeviceStrategy):
     def load_checkpoint(
         self, path: Any, state: Any = None, strict: bool = True, weights_only: bool | None = None
     ) -> dict[str, Any]:
-        """A one-card checkpoint of Fabric or the Trainer into the state's model, optimizer and LR schedulers; the
-        rest of it (the Trainer's ``global_step``, ``loops``...) is returned."""
+        """A one-card checkpoint of Fabric or the Trainer into the state's model, optimizer and LR schedulers, checked
+        first; the rest of it (the Trainer's ``global_step``, ``loops``...) is returned. A ZeRO preset's checkpoint
+        (DeepSpeed, FSDP2, FairScale: it has a manifest) resumes its weights alone, with one warning saying why."""
         if not isinstance(state, dict) or not state:
             return super().load_checkpoint(path, state, strict, weights_only)  # Fabric's own raw loads
+        where = Path(path)
+        check_checkpoint(where, user_module(the_module(state)[1]))
+        sharded = checkpoint_manifest(where) is not None
 
         def load(others: dict[str, Any]) -> dict[str, Any]:
-            checkpoint = self.checkpoint_io.load_checkpoint(path, weights_only=weights_only)
+            if sharded:
+                checkpoint = weights_only_of_another_backend(where, self.zero_backend, self.zero.stage)
+            else:
+                checkpoint = self.checkpoint_io.load_checkpoint(where, weights_only=weights_only)
             user_module(the_module(others)[1]).load_state_dict(checkpoint.pop(WEIGHTS), strict=strict)
             saved = checkpoint.pop(OPTIMIZERS, [])
+            if checkpoint.pop(WEIGHTS_ONLY_KEY, False):
+                return restore_entries(checkpoint, others, strict=False)  # the optimizers start afresh
             optimizers = optimizers_of(others)
             if strict and len(saved) != len(optimizers):
                 raise ZeroConfigError(
