@@ -139,10 +139,12 @@ def _what_it_holds(content: Any) -> str:
 
 
 def _check_state_dict(path: Path, state: dict[str, Any], module: nn.Module) -> None:
-    missing = [name for name, _ in module.named_parameters() if name not in state]
+    # By the names a state dict gives them: wrappers (activation checkpointing's) take their prefixes out there.
+    parameters = [(name, p) for name, p in module.state_dict(keep_vars=True).items() if isinstance(p, nn.Parameter)]
+    missing = [name for name, _ in parameters if name not in state]
     different = [
         f"{name} {tuple(state[name].shape)} here {full_shape(parameter)}"
-        for name, parameter in module.named_parameters()
+        for name, parameter in parameters
         if name in state and tuple(state[name].shape) != full_shape(parameter)
     ]
     if missing or different:

@@ -26,9 +26,9 @@ from torch.optim import Optimizer
 from lightning_zero.checkpoint.atomic import save_module_atomically
 from lightning_zero.checkpoint.by_name import PARAMETER_NAMES_KEY, parameter_names
 from lightning_zero.checkpoint.manifest import checkpoint_manifest
-from lightning_zero.checkpoint.reshard import WEIGHTS_ONLY, resume_route, why_not_carried
+from lightning_zero.checkpoint.reshard import WEIGHTS_ONLY, resume_route
 from lightning_zero.checkpoint.validate import check_checkpoint
-from lightning_zero.checkpoint.weights_only import describe, warn_optimizer_not_carried, weights_only_checkpoint
+from lightning_zero.checkpoint.weights_only import WEIGHTS_ONLY_KEY, weights_only_of_another_backend
 from lightning_zero.errors import ZeroConfigError
 from lightning_zero.fabric.trainer_format import (
     OPTIMIZERS,
@@ -37,6 +37,7 @@ from lightning_zero.fabric.trainer_format import (
     optimizers_of,
     plain,
     restore_entries,
+    saved_optimizer_states,
     the_module,
     with_trainer_keys,
 )
@@ -224,17 +225,14 @@ class FabricFairScaleStrategy(FabricWatchedRanks, DDPStrategy):
             manifest = checkpoint_manifest(where)
             route = resume_route(manifest, self.zero_backend, self.zero.stage, self.world_size)
             if route == WEIGHTS_ONLY:
-                checkpoint = weights_only_checkpoint(where)
-                here = describe(self.zero_backend, self.zero.stage, self.world_size)
-                warn_optimizer_not_carried(where, manifest, here, why_not_carried(manifest, self.zero_backend))
+                checkpoint = weights_only_of_another_backend(where, self.zero_backend, self.zero.stage)
             else:
                 checkpoint = self.checkpoint_io.load_checkpoint(where, weights_only=weights_only)
             module.load_state_dict(checkpoint.pop(WEIGHTS), strict=strict)
-            saved = checkpoint.pop(OPTIMIZERS, [])
-            optimizers = optimizers_of(others)
-            if saved or route != WEIGHTS_ONLY:
-                _check_count(len(saved), len(optimizers), strict)
-                for (_, optimizer), optimizer_state in zip(optimizers, saved, strict=False):
+            if checkpoint.pop(WEIGHTS_ONLY_KEY, False):
+                del checkpoint[OPTIMIZERS]  # none: the optimizers start afresh
+            else:
+                for optimizer, optimizer_state in saved_optimizer_states(checkpoint, optimizers_of(others), strict):
                     optimizer.load_state_dict(optimizer_state)  # OSS keeps this rank's shard
             checkpoint.pop(PARAMETER_NAMES_KEY, None)
             return restore_entries(checkpoint, others, strict)
@@ -269,14 +267,6 @@ def _clear_through(wrapper: Any, optimizer: OSS) -> None:
         clear(set_to_none)
 
     optimizer.__class__ = type(type(optimizer).__name__, (type(optimizer),), {"zero_grad": zero_grad})
-
-
-def _check_count(saved: int, expected: int, strict: bool) -> None:
-    if strict and saved != expected:
-        raise ZeroConfigError(
-            f"The checkpoint holds {saved} optimizer state(s), the state passes {expected} optimizer(s): pass as many"
-            " as it was saved with, or `strict=False`."
-        )
 
 
 def _is_sharded_ddp(module: nn.Module) -> bool:

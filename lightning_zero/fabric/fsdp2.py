@@ -39,6 +39,7 @@ from lightning_zero.fabric.trainer_format import (
     optimizers_of,
     plain,
     restore_entries,
+    saved_optimizer_states,
     sharded_keys,
     the_module,
     with_trainer_keys,
@@ -232,14 +233,7 @@ def _load_full(path: Path, state: dict[str, Any], strict: bool, weights_only: bo
     options = StateDictOptions(full_state_dict=True, strict=strict)
     checkpoint = torch.load(path, map_location="cpu", mmap=True, weights_only=weights_only)
     set_model_state_dict(module, checkpoint.pop(WEIGHTS), options=options)
-    optimizers = optimizers_of(state)
-    saved = checkpoint.pop(OPTIMIZERS, [])
-    if strict and len(saved) != len(optimizers):
-        raise ZeroConfigError(
-            f"'{path}' holds {len(saved)} optimizer state(s), the state passes {len(optimizers)} optimizer(s): pass as"
-            " many as it was saved with, or `strict=False`."
-        )
-    for (_, optimizer), by_position in zip(optimizers, saved, strict=False):
+    for optimizer, by_position in saved_optimizer_states(checkpoint, optimizers_of(state), strict):
         by_name = FullyShardedDataParallel.rekey_optim_state_dict(by_position, OptimStateKeyType.PARAM_NAME, module)
         set_optimizer_state_dict(module, optimizer, optim_state_dict=by_name, options=options)
     return restore_entries(checkpoint, state, strict)

@@ -33,6 +33,7 @@ from lightning_zero.fabric.trainer_format import (
     optimizers_of,
     plain,
     restore_entries,
+    saved_optimizer_states,
     the_module,
     with_trainer_keys,
 )
@@ -218,17 +219,11 @@ class FabricOneCardStrategy(SingleDeviceStrategy):
             else:
                 checkpoint = self.checkpoint_io.load_checkpoint(where, weights_only=weights_only)
             user_module(the_module(others)[1]).load_state_dict(checkpoint.pop(WEIGHTS), strict=strict)
-            saved = checkpoint.pop(OPTIMIZERS, [])
             if checkpoint.pop(WEIGHTS_ONLY_KEY, False):
-                return restore_entries(checkpoint, others, strict=False)  # the optimizers start afresh
-            optimizers = optimizers_of(others)
-            if strict and len(saved) != len(optimizers):
-                raise ZeroConfigError(
-                    f"'{path}' holds {len(saved)} optimizer state(s), the state passes {len(optimizers)}: pass as many"
-                    " as it was saved with, or `strict=False`."
-                )
-            for (_, optimizer), optimizer_state in zip(optimizers, saved, strict=False):
-                optimizer.load_state_dict(optimizer_state)
+                del checkpoint[OPTIMIZERS]  # none: the optimizers start afresh
+            else:
+                for optimizer, optimizer_state in saved_optimizer_states(checkpoint, optimizers_of(others), strict):
+                    optimizer.load_state_dict(optimizer_state)
             return restore_entries(checkpoint, others, strict)
 
         return load_with_schedulers(state, strict, load)

@@ -66,6 +66,20 @@ def load_with_schedulers(
     return rest
 
 
+def saved_optimizer_states(
+    checkpoint: dict[str, Any], optimizers: list[tuple[str, Optimizer]], strict: bool
+) -> list[tuple[Optimizer, Any]]:
+    """Each optimizer of a state beside its state in a one-file checkpoint's ``optimizer_states`` (taken out of
+    ``checkpoint``); a count that differs is one line unless not ``strict``."""
+    saved = checkpoint.pop(OPTIMIZERS, [])
+    if strict and len(saved) != len(optimizers):
+        raise ZeroConfigError(
+            f"The checkpoint holds {len(saved)} optimizer state(s), the state passes {len(optimizers)} optimizer(s):"
+            " pass as many as it was saved with, or `strict=False`."
+        )
+    return [(optimizer, state) for (_, optimizer), state in zip(optimizers, saved, strict=False)]
+
+
 def the_module(state: dict[str, Any]) -> tuple[str, nn.Module]:
     """The key and value of the one model in ``state``."""
     modules = [(key, value) for key, value in state.items() if isinstance(value, nn.Module)]
