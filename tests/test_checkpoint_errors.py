@@ -185,3 +185,17 @@ def test_hf_dir_carries_config_weights_and_tokenizer(tmp_path: Path) -> None:
 def max_difference(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
     assert a.keys() == b.keys()
     return max((a[key] - b[key]).abs().max().item() for key in a)
+
+
+def test_a_plain_checkpoint_fits_the_same_model_with_checkpointed_blocks(tmp_path: Path) -> None:
+    """Activation checkpointing wraps the blocks (their parameters' names gain a prefix) but not the state dict's
+    names, which the check compares."""
+    from lightning_zero.runtime.blocks import prepare_blocks
+    from tests.test_fabric_onecard import Regressor  # a module of repeated blocks
+
+    path = tmp_path / "plain.ckpt"
+    torch.save({"state_dict": Regressor().state_dict(), "pytorch-lightning_version": "2.6.6"}, path)
+    wrapped = Regressor()
+    prepare_blocks(wrapped, checkpointing=True, compiling=False)
+    assert any("_checkpoint_wrapped_module" in name for name, _ in wrapped.named_parameters())
+    check_checkpoint(path, wrapped)
