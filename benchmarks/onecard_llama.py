@@ -274,11 +274,11 @@ def run_accelerate(shape: str, row: dict[str, Any], steps: int, warmup: int) -> 
         offload_param_device="cpu" if stage == 3 else "none",
         gradient_accumulation_steps=accumulate,
     )
+    parameters = parameter_count(shape)  # before Accelerate's ZeRO-3 makes transformers build models partitioned
     started = time.perf_counter()
     accelerator = Accelerator(mixed_precision="bf16", deepspeed_plugin=plugin)
     model = build_model(shape, torch.float32, "cpu")
     model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    parameters = parameter_count(shape)  # transformers builds it partitioned under Accelerate's ZeRO-3
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5, weight_decay=0.0)
     loader = samples(model.config.vocab_size, (warmup + steps + 1) * GLOBAL_BATCH, row["micro"])
     model, optimizer, loader = accelerator.prepare(model, optimizer, loader)

@@ -74,6 +74,8 @@ STEPS, EVERY = 14, 5
 CROSS = ["zero2>zero2", "zero3_fsdp>zero2_fsdp", "zero2>zero3", "zero3_fsdp>zero2", "zero2>zero2_fsdp"]
 #: Pairs with no route that carries the optimizer state: they resume weights-only, with one warning.
 WEIGHTS_ONLY_CROSS = ["zero3_offload>ddp", "zero3_fsdp>ddp"]
+#: A ZeRO checkpoint under a one-card preset, with no callback of ours: weights only, with one warning.
+ONE_CARD_CROSS = "zero3_fsdp>onecard_step_in_backward"
 CROSS_SOURCES = sorted({pair.split(">")[0] for pair in CROSS + WEIGHTS_ONLY_CROSS})
 
 
@@ -279,7 +281,10 @@ def test_save_top_k_prunes_sharded_directories(resumed: Path) -> None:
     assert sorted(path.name for path in (resumed / "ckpt-prune-zero3").iterdir()) == ["epoch=0-step=6.ckpt"]
 
 
-CROSS_RUNS = [*(f"cross:{pair}" for pair in CROSS + WEIGHTS_ONLY_CROSS), f"cross-fresh-optimizer:{CROSS[1]}"]
+CROSS_RUNS = [
+    *(f"cross:{pair}" for pair in [*CROSS, *WEIGHTS_ONLY_CROSS, ONE_CARD_CROSS]),
+    f"cross-fresh-optimizer:{CROSS[1]}",
+]
 
 
 @pytest.fixture(scope="module")
@@ -322,7 +327,7 @@ def test_resume_at_another_world_size_and_stage_carries_the_optimizer_state(cros
 
 @pytest.mark.multiprocess
 def test_pairs_that_carry_the_optimizer_state_do_not_warn(crossed: Path) -> None:
-    assert (crossed / "crossed.log").read_text().count("without its optimizer state") == len(WEIGHTS_ONLY_CROSS)
+    assert (crossed / "crossed.log").read_text().count("without its optimizer state") == len(WEIGHTS_ONLY_CROSS) + 1
     assert not [line for pair in CROSS for line in weights_only_warnings(crossed, pair)]
 
 
@@ -462,11 +467,27 @@ def test_a_pair_without_an_optimizer_route_resumes_the_saved_weights_and_positio
     assert len(weights_only_warnings(crossed, pair)) == 1
 
 
+@pytest.mark.multiprocess
+def test_a_one_card_preset_resumes_a_zero_checkpoint_weights_only_with_one_warning(crossed: Path) -> None:
+    """The Trainer's one-card strategy reads a sharded ZeRO directory itself (it was a traceback on the directory),
+    with no callback: it trains on to the end at the scheduled learning rate and says once what it did not carry."""
+    result, reference = cross_result(crossed, "cross", ONE_CARD_CROSS)
+    assert result["global_step"] == STEPS and len(result["losses"]) == STEPS - 2 * EVERY
+    assert result["lr"] == pytest.approx(reference["lr"], rel=1e-9)
+    assert len(weights_only_warnings(crossed, ONE_CARD_CROSS)) == 1
+
+
 def weights_only_warnings(crossed: Path, pair: str) -> list[str]:
     """The lines of the cross launch's output that warn about ``pair``'s resume without its optimizer state."""
     source, target = pair.split(">")
     path = crossed / f"ckpt-plain-{source}" / f"epoch=1-step={2 * EVERY}.ckpt"
-    names = {"ddp": "ddp", "zero2": "deepspeed ZeRO-2", "zero3": "deepspeed ZeRO-3", "zero2_fsdp": "fsdp2 ZeRO-2"}
+    names = {
+        "ddp": "ddp",
+        "zero2": "deepspeed ZeRO-2",
+        "zero3": "deepspeed ZeRO-3",
+        "zero2_fsdp": "fsdp2 ZeRO-2",
+        "onecard_step_in_backward": "onecard",
+    }
     here = f"under {names[target]} on 1 process"
     lines = (crossed / "crossed.log").read_text().splitlines()
     return [line for line in lines if "without its optimizer" in line and f"'{path}'" in line and here in line]

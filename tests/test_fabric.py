@@ -16,6 +16,7 @@ weights 5.9e-5 on 1.
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import signal
 import sys
@@ -44,6 +45,7 @@ from tests.helpers.parity import load_result, max_weight_difference
 from tests.helpers.shared_launch import split_output
 from tests.helpers.tiny import TinyLM
 from tests.test_checkpoint_runs import CROSS_TOLERANCE, REGROUPED_TOLERANCE, WEIGHTS_ONLY_TOLERANCE, manifest_of
+from tests.test_fabric_auto import TOO_SMALL, ZERO3
 from tests.test_fairscale import REORDERED
 from tests.test_parity_deepspeed import CPU_ADAM, EXACT
 
@@ -125,6 +127,7 @@ def fabric_runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     trained = ["ddp", *TOLERANCES, "ddp@accum", "ddp@clip", *LOOP_VARIANTS]
     args = ["--steps", str(STEPS), "--strategies", *trained, "--resume", *resume, "--restage", RESTAGE]
     args += ["--resume-under", *ACROSS_BACKENDS, *WEIGHTS_ONLY_RESUMES, "--trainer-under", *TRAINER_ACROSS_BACKENDS]
+    args += ["--auto", str(ZERO3), str(TOO_SMALL)]
     log = run_script(RUNNER, str(out), *args, timeout=600)
     (out / "launch.log").write_text(log)
     return out
@@ -380,6 +383,25 @@ def test_consolidate_reads_the_fabric_checkpoints_of_fairscale_and_fsdp2(fabric_
     state = consolidate(fabric_runs / f"{name}-fabric.ckpt")
     assert state.keys() == saved.keys()
     assert max_weight_difference({key: value.detach() for key, value in state.items()}, saved) == 0
+
+
+@pytest.mark.multiprocess
+def test_zero_auto_trains_as_the_preset_it_chose(fabric_runs: Path) -> None:
+    """The budget asks for ZeRO-3 (not the default stage 2), which the run's engine had; its losses and weights are
+    that preset's, bit for bit."""
+    choice = json.loads((fabric_runs / "zero_auto.json").read_text())
+    assert (choice["chosen"], choice["stage"], choice["offload"]) == ("zero3", 3, "none")
+    auto, chosen = load_result(fabric_runs, "zero_auto"), load_result(fabric_runs, "zero3")
+    assert auto["losses"] == chosen["losses"]
+    assert max_weight_difference(auto["state_dict"], chosen["state_dict"]) == 0
+    assert max_weight_difference(auto["state_dict"], TinyLM().state_dict()) > 1e-3, "weights did not train"
+
+
+@pytest.mark.multiprocess
+def test_a_zero_auto_budget_no_layout_fits_is_the_same_line_on_every_rank_at_setup(fabric_runs: Path) -> None:
+    choice = json.loads((fabric_runs / "zero_auto.json").read_text())
+    assert "No DeepSpeed layout's model states fit" in choice["error"] and "\n" not in choice["error"]
+    assert choice["error_lengths"] == [len(choice["error"])] * 2
 
 
 @pytest.mark.parametrize("strategy", ["zero2", "zero3_fsdp", "zero2_fairscale"])

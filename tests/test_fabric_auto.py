@@ -1,10 +1,8 @@
 """``zero_auto`` under Lightning Fabric (:mod:`lightning_zero.fabric.auto`): the layout chosen from the memory plan,
-pure on CPU; a real 2-process Fabric run of it against the preset it chose (helpers/fabric_auto_run.py)."""
+pure on CPU (its 2-process run is in the shared Fabric launch: tests/test_fabric.py)."""
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
 from typing import Any
 
 import lightning as L
@@ -13,11 +11,8 @@ import pytest
 from lightning_zero.errors import ZeroConfigError
 from lightning_zero.fabric.auto import TRIAL_FIELDS, FabricAutoZeroConfig, FabricZeroAutoStrategy, plan_choice
 from lightning_zero.memory.states import ParameterShapes
-from tests.helpers.launch import REPO, run_script
-from tests.helpers.parity import load_result, max_weight_difference
 from tests.helpers.tiny import TinyLM
 
-RUNNER = REPO / "tests" / "helpers" / "fabric_auto_run.py"
 #: The tiny GPT-2's model states per device on 2 processes (fp32, Adam): about 0.34 MiB under ZeRO-2, 0.22 MiB
 #: under ZeRO-3, 0.06 MiB under ZeRO-3 offload. These budgets leave 75% of themselves for them.
 ROOMY, ZERO3, OFFLOAD, TOO_SMALL = 1e-3, 5e-4, 2e-4, 1e-4
@@ -81,30 +76,3 @@ def test_a_share_outside_zero_to_one_is_one_line(share: float) -> None:
 
 def test_zero_auto_by_name_is_the_fabric_strategy() -> None:
     assert isinstance(L.Fabric(accelerator="cpu", devices=2, strategy="zero_auto").strategy, FabricZeroAutoStrategy)
-
-
-@pytest.fixture(scope="module")
-def auto_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("fabric_auto")
-    log = run_script(RUNNER, str(out), "--budget", str(ZERO3), "--too-small", str(TOO_SMALL), timeout=300)
-    (out / "launch.log").write_text(log)
-    return out
-
-
-@pytest.mark.multiprocess
-def test_zero_auto_trains_as_the_preset_it_chose(auto_run: Path) -> None:
-    """The budget asks for ZeRO-3 (not the default stage 2), which the run's engine had; its losses and weights
-    are that preset's, bit for bit."""
-    choice = json.loads((auto_run / "choice.json").read_text())
-    assert (choice["chosen"], choice["stage"], choice["offload"]) == (_choice(ZERO3), 3, "none")
-    auto, chosen = load_result(auto_run, "zero_auto"), load_result(auto_run, "chosen")
-    assert auto["losses"] == chosen["losses"]
-    assert max_weight_difference(auto["state_dict"], chosen["state_dict"]) == 0
-    assert max_weight_difference(auto["state_dict"], TinyLM().state_dict()) > 1e-3, "weights did not train"
-
-
-@pytest.mark.multiprocess
-def test_a_budget_no_layout_fits_is_the_same_line_on_every_rank_at_setup(auto_run: Path) -> None:
-    choice = json.loads((auto_run / "choice.json").read_text())
-    assert "No DeepSpeed layout's model states fit" in choice["error"] and "\n" not in choice["error"]
-    assert choice["error_lengths"] == [len(choice["error"])] * 2

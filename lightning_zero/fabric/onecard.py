@@ -41,9 +41,9 @@ from lightning_zero.internals import fabric_num_nodes
 from lightning_zero.runtime.blocks import prepare_blocks
 from lightning_zero.strategies.onecard import (
     LeverFixes,
-    _device,
     check_device_for_levers,
     gradients_leave_in_backward,
+    lever_device,
     refuse_lever_conflicts,
     replaces_optimizer,
     saved_tensors_context,
@@ -84,7 +84,7 @@ class FabricOneCardStrategy(SingleDeviceStrategy):
     ) -> None:
         self.zero = OneCardConfig.coerce(zero)
         super().__init__(
-            device=_device(device), accelerator=accelerator, checkpoint_io=checkpoint_io, precision=precision
+            device=lever_device(device), accelerator=accelerator, checkpoint_io=checkpoint_io, precision=precision
         )
         self._device_given = device is not None
         self._fabric_devices: list[torch.device] | None = None
@@ -98,7 +98,7 @@ class FabricOneCardStrategy(SingleDeviceStrategy):
         """The one device: the one given, else the one Fabric chose."""
         if self._device_given or not self._fabric_devices:
             return super().root_device
-        return _device(self._fabric_devices[0])
+        return lever_device(self._fabric_devices[0])
 
     @property
     def parallel_devices(self) -> list[torch.device] | None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 from collections.abc import Iterable, Mapping
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -18,6 +19,9 @@ from lightning.pytorch import LightningModule
 from lightning.pytorch.plugins.precision import DoublePrecision, HalfPrecision, MixedPrecision, Precision
 from lightning.pytorch.strategies import SingleDeviceStrategy
 
+from lightning_zero.checkpoint.manifest import checkpoint_manifest
+from lightning_zero.checkpoint.validate import check_checkpoint
+from lightning_zero.checkpoint.weights_only import weights_only_of_another_backend
 from lightning_zero.errors import ZeroConfigError
 from lightning_zero.internals import init_optimizers_and_schedulers
 from lightning_zero.memory.allocator import restore_allocator, use_expandable_segments
@@ -30,7 +34,7 @@ if TYPE_CHECKING:
     import lightning.pytorch as pl
 
 
-def _device(device: str | torch.device | None) -> torch.device:
+def lever_device(device: str | torch.device | None) -> torch.device:
     """The device asked for, the current CUDA device for ``"cuda"`` without an index (CUDA's memory calls need one)."""
     if device is None:
         device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -49,7 +53,7 @@ class OneCardStrategy(SingleDeviceStrategy):
         device: str | torch.device | None = None,
         **kwargs: Any,
     ) -> None:
-        super().__init__(device=_device(device), **kwargs)
+        super().__init__(device=lever_device(device), **kwargs)
         self.zero = OneCardConfig.coerce(zero)
         self._allocator_before: str | None = None
 
@@ -75,6 +79,15 @@ class OneCardStrategy(SingleDeviceStrategy):
     def training_step(self, *args: Any, **kwargs: Any) -> Any:
         with saved_tensors_context(self.zero, self.root_device):
             return super().training_step(*args, **kwargs)
+
+    def load_checkpoint(self, checkpoint_path: Any, weights_only: bool | None = None) -> dict[str, Any]:
+        """A one-card file as Lightning loads it; a ZeRO preset's checkpoint (it has a manifest) weights only, with
+        one warning: no route carries its sharded optimizer state into the replaced optimizer."""
+        path = Path(checkpoint_path)
+        check_checkpoint(path, self.lightning_module)
+        if checkpoint_manifest(path) is not None:
+            return weights_only_of_another_backend(path, self.zero_backend, self.zero.stage)
+        return super().load_checkpoint(checkpoint_path, weights_only)
 
     def teardown(self) -> None:
         tear_down_levers(self.zero, self.root_device, self.optimizers, self._allocator_before)

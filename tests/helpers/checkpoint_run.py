@@ -77,7 +77,7 @@ def make_trainer(strategy: Any, devices: int, steps: int, callbacks: list[Any]) 
         strategy=strategy,
         max_steps=steps,
         callbacks=callbacks,
-        enable_checkpointing=True,
+        enable_checkpointing=any(isinstance(callback, ModelCheckpoint) for callback in callbacks),
     )
 
 
@@ -180,7 +180,8 @@ def cross(pair: str, args: argparse.Namespace, forget: bool = False) -> dict[str
     path = args.out / f"ckpt-plain-{source}" / f"epoch=1-step={2 * args.every}.ckpt"
     L.seed_everything(7, verbose=False)
     module = ShortEpochLM(batch_size=8)
-    callbacks = [ExactResume(), WeightsOnlyResume(), *([_ForgetOptimizerState()] if forget else [])]
+    plain_lightning = [WeightsOnlyResume()] if target == "ddp" else []  # ours resume any checkpoint themselves
+    callbacks = [ExactResume(), *plain_lightning, *([_ForgetOptimizerState()] if forget else [])]
     trainer = make_trainer(target, 1, args.steps, callbacks)
     trainer.fit(module, ckpt_path=str(path))
     return {

@@ -21,11 +21,15 @@ half the steps, under Fabric with preset B on ``--devices`` processes and trains
 processes (CKPT-under-trainer-B-x2.pt); each announced as ``fabric:CKPT:B`` or ``trainer:CKPT:B``
 (:func:`~tests.helpers.shared_launch.announce`). ``CKPT-nameless`` is CKPT (a FairScale file) without the names of its
 optimizer's parameters, as a FairScale file saved before they were recorded.
+``--auto BUDGET TOO_SMALL`` trains ``zero_auto`` with ``memory_budget_gib=BUDGET`` (zero_auto.pt), then sets it up
+with a budget no layout fits; OUT_DIR/zero_auto.json holds the layout chosen, its DeepSpeed stage and offload, and
+each rank's error at ``fabric.setup`` under TOO_SMALL.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,6 +43,8 @@ from torch.utils.data import DataLoader, Subset
 
 from lightning_zero import build_fabric_preset, build_preset  # (the import registers the presets, Fabric's too)
 from lightning_zero.checkpoint.by_name import PARAMETER_NAMES_KEY
+from lightning_zero.checkpoint.weights_only import WEIGHTS_ONLY_KEY
+from lightning_zero.errors import ZeroConfigError
 from tests.helpers.shared_launch import announce
 from tests.helpers.tiny import TinyLM, token_data
 from tests.helpers.trainer import end_process_group, quiet_trainer
@@ -172,6 +178,34 @@ def fabric_run(out: Path, spec: str, steps: int) -> None:
     save_result(fabric, out, spec, losses, full_state(fabric, model))
 
 
+def zero_auto(out: Path, budget: float, too_small: float, steps: int) -> None:
+    fabric = L.Fabric(accelerator="cpu", devices=2, strategy=build_fabric_preset("zero_auto", memory_budget_gib=budget))
+    fabric.launch()
+    model, optimizer, _ = fabric_setup(fabric)
+    losses = fabric_train(fabric, model, optimizer, 0, steps)
+    save_result(fabric, out, "zero_auto", losses, full_state(fabric, model))
+    strategy: Any = fabric.strategy
+    record = {
+        "chosen": strategy.chosen.layout.name,
+        "stage": strategy.zero.stage,
+        "offload": strategy.zero.offload_optimizer,
+    }
+    too_small_strategy = build_fabric_preset("zero_auto", memory_budget_gib=too_small)
+    fabric = L.Fabric(accelerator="cpu", devices=2, strategy=too_small_strategy)
+    fabric.launch()
+    try:
+        fabric_setup(fabric)
+        error = ""
+    except ZeroConfigError as refused:
+        error = str(refused)
+    lengths = fabric.all_gather(torch.tensor([len(error)]))
+    assert isinstance(lengths, torch.Tensor)
+    if fabric.is_global_zero:
+        record.update(error=error, error_lengths=lengths.flatten().tolist())
+        (out / "zero_auto.json").write_text(json.dumps(record))
+    fabric.barrier()
+
+
 class TailLM(TinyLM):
     """The tiny LM on the samples of steps ``first_step`` onwards."""
 
@@ -226,7 +260,7 @@ def trainer_to_fabric(out: Path, spec: str, steps: int) -> None:
     model, optimizer, scheduler = fabric_setup(fabric, variant)
     state = {"model": model, "optimizer": optimizer}
     rest = fabric.load(path, state if scheduler is None else {**state, "scheduler": scheduler})
-    assert rest["global_step"] == half, rest.keys()
+    assert rest["global_step"] == half and WEIGHTS_ONLY_KEY not in rest, rest.keys()
     second = fabric_train(fabric, model, optimizer, half, steps - half, scheduler)
     save_result(fabric, out, f"{spec}-trainer_to_fabric", module.losses + second, full_state(fabric, model))
 
@@ -268,7 +302,7 @@ def resume_under(out: Path, spec: str, steps: int, devices: int) -> None:
     model, optimizer, scheduler = fabric_setup(fabric, variant)
     state = {"model": model, "optimizer": optimizer}
     rest = fabric.load(path, state if scheduler is None else {**state, "scheduler": scheduler})
-    assert rest["global_step"] == half, rest.keys()
+    assert rest["global_step"] == half and WEIGHTS_ONLY_KEY not in rest, rest.keys()
     losses = fabric_train(fabric, model, optimizer, half, steps - half, scheduler)
     save_result(fabric, out, f"{checkpoint}-under-{target}-x{devices}", losses, full_state(fabric, model))
 
@@ -299,10 +333,13 @@ def main() -> None:
     parser.add_argument("--restage", nargs="*", default=[])
     parser.add_argument("--resume-under", nargs="*", default=[])
     parser.add_argument("--trainer-under", nargs="*", default=[])
+    parser.add_argument("--auto", nargs=2, type=float, metavar=("BUDGET", "TOO_SMALL"))
     args = parser.parse_args()
     torch.set_num_threads(1)
     for strategy in args.strategies:
         fabric_run(args.out, strategy, args.steps)
+    if args.auto:
+        zero_auto(args.out, *args.auto, args.steps)
     for spec in args.resume:
         if Variant.of(spec)[1].scheduled:
             fabric_run(args.out, spec, args.steps)
