@@ -92,7 +92,7 @@ def make_trainer(
         max_steps=steps,
         gradient_clip_val=clip,
         callbacks=callbacks,
-        enable_checkpointing=any(isinstance(callback, ModelCheckpoint) for callback in callbacks),
+        enable_checkpointing=any(isinstance(callback, ModelCheckpoint) for callback in callbacks or []),
     )
 
 

@@ -339,7 +339,8 @@ def main() -> None:
     for strategy in args.strategies:
         fabric_run(args.out, strategy, args.steps)
     if args.auto:
-        zero_auto(args.out, *args.auto, args.steps)
+        budget, too_small = args.auto
+        zero_auto(args.out, budget, too_small, args.steps)
     for spec in args.resume:
         if Variant.of(spec)[1].scheduled:
             fabric_run(args.out, spec, args.steps)
