@@ -108,11 +108,12 @@ TRAINER_ACROSS_BACKENDS = ["zero3-fabric:zero2_fsdp"]
 #: file, DeepSpeed at another stage (universal).
 RESIZED = ["zero3_fsdp-fabric:zero2_fsdp", "zero2_fairscale-fabric:zero2_fairscale", "zero3-fabric:zero2"]
 #: Where no route carries the optimizer state, the resume is weights-only, with one warning saying why: a FairScale
-#: file without its optimizer's parameter names (as saved before they were recorded) under FSDP2, and a DeepSpeed
-#: checkpoint under FairScale.
+#: file without its optimizer's parameter names (as saved before they were recorded) under FSDP2 and under DeepSpeed,
+#: and a DeepSpeed checkpoint under FairScale.
 WEIGHTS_ONLY_RESUMES = {
     "zero2_fairscale-fabric-nameless:zero2_fsdp": "this fairscale file does not record which parameter",
     "zero3-fabric:zero2_fairscale": "deepspeed and fairscale keep optimizer state in layouts that no maintained",
+    "zero2_fairscale-fabric-nameless:zero2": "this fairscale file does not record which parameter",
 }
 #: The same on 1 process: a DeepSpeed checkpoint under a one-card preset.
 RESIZED_WEIGHTS_ONLY = {

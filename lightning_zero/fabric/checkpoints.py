@@ -38,7 +38,7 @@ from lightning_zero.checkpoint.weights_only import (
     weights_only_checkpoint,
 )
 from lightning_zero.errors import ZeroConfigError
-from lightning_zero.fabric.trainer_format import with_trainer_keys
+from lightning_zero.fabric.trainer_format import OPTIMIZERS, restore_entries, with_trainer_keys
 from lightning_zero.internals import load_universal_checkpoint_next
 
 if TYPE_CHECKING:
@@ -83,6 +83,7 @@ def load(
     path: Path,
     state: dict[str, Any],
     read: Callable[[Path], dict[str, Any]],
+    strict: bool,
 ) -> dict[str, Any]:
     """Restore ``state`` from ``path`` with ``read(directory)`` (Fabric's DeepSpeed load) on the route the manifest
     allows; returns what was not restored into ``state``."""
@@ -97,7 +98,11 @@ def load(
         checkpoint = weights_only_checkpoint(path)
         load_into_deepspeed(engine.module, engine, checkpoint.pop("state_dict"), stage)
         warn_optimizer_not_carried(path, manifest, here, route.why)
-        return checkpoint
+        del checkpoint[OPTIMIZERS]  # none: the optimizer starts afresh
+        entries = {key: value for key, value in state.items() if value is not engine and value is not engine.optimizer}
+        rest = restore_entries(checkpoint, entries, strict)
+        state.update(entries)
+        return rest
     if route.name != UNIVERSAL:
         return read(path)
     universal = universal_form(path, strategy.is_global_zero, strategy.barrier)

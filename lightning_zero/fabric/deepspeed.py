@@ -246,7 +246,7 @@ class FabricZeroStrategy(FabricWatchedRanks, _FabricDeepSpeedOnCpu):
             def read(directory: Path) -> dict[str, Any]:
                 return super(FabricZeroStrategy, self).load_checkpoint(directory, others, strict, weights_only)
 
-            return checkpoints.load(self, where, others, read)
+            return checkpoints.load(self, where, others, read, strict)
 
         return load_with_schedulers(state, strict, load)
 

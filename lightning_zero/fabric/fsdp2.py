@@ -25,7 +25,6 @@ from lightning_zero.checkpoint.manifest import checkpoint_manifest
 from lightning_zero.checkpoint.reshard import NATIVE, WEIGHTS_ONLY, choose_route, universal_form
 from lightning_zero.checkpoint.validate import check_checkpoint
 from lightning_zero.checkpoint.weights_only import (
-    WEIGHTS_ONLY_KEY,
     describe,
     load_into_fsdp2,
     say_optimizer_carried,
@@ -173,7 +172,6 @@ class FabricFSDP2Strategy(FabricWatchedRanks, ModelParallelStrategy):
                 say_optimizer_carried(where, manifest, here, universal)
                 checkpoint = load_universal_into_fsdp2(where, universal, module, _the_optimizer(others, strict))
             del checkpoint[WEIGHTS], checkpoint[OPTIMIZERS]
-            checkpoint.pop(WEIGHTS_ONLY_KEY, None)
             return restore_entries(checkpoint, others, strict)
 
         return load_with_schedulers(state, strict, load)

@@ -17,6 +17,7 @@ from torch import nn
 from torch.optim import Optimizer
 from torch.optim.lr_scheduler import LRScheduler
 
+from lightning_zero.checkpoint.weights_only import WEIGHTS_ONLY_KEY
 from lightning_zero.errors import ZeroConfigError
 
 #: What the Trainer's checkpoint loader requires of a checkpoint, with the value a Fabric save gives it when the
@@ -124,7 +125,8 @@ def plain(entries: dict[str, Any]) -> dict[str, Any]:
 
 def restore_entries(checkpoint: dict[str, Any], state: dict[str, Any], strict: bool) -> dict[str, Any]:
     """Move the entries ``state`` asks for (other than its model and optimizers) from ``checkpoint`` into it, loading
-    stateful ones in place; returns the rest of ``checkpoint``."""
+    stateful ones in place; returns the rest of ``checkpoint`` (without the internal weights-only mark)."""
+    checkpoint.pop(WEIGHTS_ONLY_KEY, None)
     for key, value in state.items():
         if isinstance(value, (nn.Module, Optimizer)):
             continue
