@@ -27,7 +27,7 @@ from lightning_zero.app.cli import main
 from lightning_zero.errors import ZeroConfigError
 from lightning_zero.quiet import quiet_libraries
 from lightning_zero.strategies.deepspeed import ZeroStrategy
-from tests.helpers.launch import REPO
+from tests.helpers.launch import REPO, side_by_side
 
 TINY = ["fit", "--config", str(REPO / "tests" / "data" / "cli_tiny.yaml")]
 QUICKSTART = ["fit", "--config", str(REPO / "configs" / "quickstart.yaml")]
@@ -311,12 +311,41 @@ def test_there_are_at_least_40_cases() -> None:
     assert len(CASE_IDS) >= 40
 
 
-def error_line_of_a_real_process(argv: list[str]) -> str:
-    """Run ``main.py argv`` in its own process; return its one `error:` line, its last, after checking the exit
-    status and that no traceback or warning came before it."""
-    result = subprocess.run(
+REAL_PROCESS_CASES = ["fp16-deepspeed-cpu", "deepspeed-clip-by-value", "deepspeed-config-unknown-section"]
+REAL_PROCESS_WRONG_KINDS = ["chat-classifier-checkpoint", "plan-empty-config", "fit-deepspeed-config"]
+
+
+def latin1_arguments(directory: Path) -> list[str]:
+    """The quickstart on 2 processes, given a training file in Latin-1."""
+    latin1 = directory / "latin1.csv"
+    latin1.write_bytes("text,label\nun café,1\nmauvais,0\n".encode("latin-1"))
+    return [*QUICKSTART, *FILES_DATA, f"--data.init_args.train_file={latin1}", "--trainer.devices=2"]
+
+
+def run_main(argv: list[str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
         [sys.executable, str(REPO / "main.py"), *argv], cwd=REPO, capture_output=True, text=True, timeout=120
     )
+
+
+@pytest.fixture(scope="module")
+def real_processes(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> dict[str, tuple[Path, subprocess.CompletedProcess[str]]]:
+    """Each real-process case's directory and ``main.py`` run, two at a time (each is one process that mostly
+    imports, so the two cores run two side by side)."""
+    directories = {case: tmp_path_factory.mktemp(case) for case in [*REAL_PROCESS_CASES, *REAL_PROCESS_WRONG_KINDS]}
+    argvs = {case: cases(directories[case])[case][0] for case in REAL_PROCESS_CASES}
+    argvs |= {case: wrong_kind_cases(directories[case])[case][0] for case in REAL_PROCESS_WRONG_KINDS}
+    directories["latin-1"] = tmp_path_factory.mktemp("latin-1")
+    argvs["latin-1"] = latin1_arguments(directories["latin-1"])
+    results = side_by_side(run_main, argvs, at_once=2)
+    return {case: (directories[case], result) for case, result in results.items()}
+
+
+def the_one_error_line(result: subprocess.CompletedProcess[str]) -> str:
+    """A real process's one `error:` line, its last, after checking the exit status and that no traceback or
+    warning came before it."""
     assert result.returncode == 2, result.stderr[-2000:]
     assert "Traceback" not in result.stderr and "Warning" not in result.stderr, result.stderr[-2000:]
     errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
@@ -325,10 +354,13 @@ def error_line_of_a_real_process(argv: list[str]) -> str:
 
 
 @pytest.mark.multiprocess
-@pytest.mark.parametrize("case", ["fp16-deepspeed-cpu", "deepspeed-clip-by-value", "deepspeed-config-unknown-section"])
-def test_a_real_process_ends_at_once_without_a_traceback(case: str, tmp_path: Path) -> None:
-    argv, fragments = cases(tmp_path)[case]
-    line = error_line_of_a_real_process(argv)
+@pytest.mark.parametrize("case", REAL_PROCESS_CASES)
+def test_a_real_process_ends_at_once_without_a_traceback(
+    case: str, real_processes: dict[str, tuple[Path, subprocess.CompletedProcess[str]]]
+) -> None:
+    directory, result = real_processes[case]
+    fragments = cases(directory)[case][1]
+    line = the_one_error_line(result)
     assert all(fragment in line for fragment in fragments), line
 
 
@@ -357,11 +389,10 @@ def test_a_trainer_built_in_python_is_checked_before_the_ranks_start(
 
 
 @pytest.mark.multiprocess
-def test_a_file_in_another_encoding_ends_a_two_process_run_at_once_without_a_traceback(tmp_path: Path) -> None:
-    latin1 = tmp_path / "latin1.csv"
-    latin1.write_bytes("text,label\nun café,1\nmauvais,0\n".encode("latin-1"))
-    arguments = [*QUICKSTART, *FILES_DATA, f"--data.init_args.train_file={latin1}", "--trainer.devices=2"]
-    line = error_line_of_a_real_process(arguments)
+def test_a_file_in_another_encoding_ends_a_two_process_run_at_once_without_a_traceback(
+    real_processes: dict[str, tuple[Path, subprocess.CompletedProcess[str]]],
+) -> None:
+    line = the_one_error_line(real_processes["latin-1"][1])
     assert "not valid utf-8 at byte 17 (line 2): pass data.init_args.encoding: latin-1" in line
 
 
@@ -471,10 +502,13 @@ def test_an_input_of_the_wrong_kind_is_one_line_ending_in_its_fix(
 
 
 @pytest.mark.multiprocess
-@pytest.mark.parametrize("case", ["chat-classifier-checkpoint", "plan-empty-config", "fit-deepspeed-config"])
-def test_a_real_process_given_the_wrong_kind_of_file_ends_in_one_line(case: str, tmp_path: Path) -> None:
-    argv, what, fix = wrong_kind_cases(tmp_path)[case]
-    line = error_line_of_a_real_process(argv)
+@pytest.mark.parametrize("case", REAL_PROCESS_WRONG_KINDS)
+def test_a_real_process_given_the_wrong_kind_of_file_ends_in_one_line(
+    case: str, real_processes: dict[str, tuple[Path, subprocess.CompletedProcess[str]]]
+) -> None:
+    directory, result = real_processes[case]
+    _, what, fix = wrong_kind_cases(directory)[case]
+    line = the_one_error_line(result)
     assert what in line and line.endswith(fix), line
 
 

@@ -17,8 +17,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
-import signal
 import sys
 from pathlib import Path
 from typing import Any
@@ -39,8 +37,13 @@ from lightning_zero.fabric.fairscale import FabricFairScaleStrategy
 from lightning_zero.fabric.fsdp2 import FabricFSDP2Strategy
 from lightning_zero.hardware import detect_cpu_facts, has_native_bf16
 from lightning_zero.preset_table import PRESETS
-from lightning_zero.runtime.watchdog import is_alive
-from tests.helpers.launch import REPO, run_script, run_until_every_rank_ended
+from tests.helpers.launch import (
+    REPO,
+    assert_a_killed_rank_ended_the_run,
+    run_script,
+    run_until_every_rank_ended,
+    side_by_side,
+)
 from tests.helpers.parity import load_result, max_weight_difference
 from tests.helpers.shared_launch import split_output
 from tests.helpers.tiny import TinyLM
@@ -405,21 +408,28 @@ def test_a_zero_auto_budget_no_layout_fits_is_the_same_line_on_every_rank_at_set
     assert choice["error_lengths"] == [len(choice["error"])] * 2
 
 
-@pytest.mark.parametrize("strategy", ["zero2", "zero3_fsdp", "zero2_fairscale"])
-def test_when_rank_0_is_killed_under_fabric_the_other_ends_too(strategy: str, tmp_path: Path) -> None:
+KILLED = ["zero2", "zero3_fsdp", "zero2_fairscale"]
+
+
+@pytest.fixture(scope="module")
+def killed_launches(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, int, str]]:
+    """Side by side, one Fabric launch per strategy in which rank 0 kills itself: each one's directory, status and
+    output."""
+    outs = {strategy: tmp_path_factory.mktemp(f"killed-{strategy}") for strategy in KILLED}
+    ended = side_by_side(
+        run_until_every_rank_ended,
+        {strategy: [sys.executable, str(ORPHAN), str(out), strategy] for strategy, out in outs.items()},
+    )
+    return {strategy: (out, *ended[strategy]) for strategy, out in outs.items()}
+
+
+@pytest.mark.parametrize("strategy", KILLED)
+def test_when_rank_0_is_killed_under_fabric_the_other_ends_too(
+    killed_launches: dict[str, tuple[Path, int, str]], strategy: str
+) -> None:
     """Rank 1 is in ten minutes of work of its own when rank 0 dies: without the watchdog this fails at the
     hard timeout."""
-    returncode, output = run_until_every_rank_ended([sys.executable, str(ORPHAN), str(tmp_path), strategy])
-    pids = [int((tmp_path / f"pid-{rank}").read_text()) for rank in (0, 1)]
-    try:
-        assert (tmp_path / "failed-at").exists(), output[-4000:]
-        assert not [pid for pid in pids if is_alive(pid)], "a rank outlived the run"
-        assert returncode != 0
-        assert output.count("error: rank 0 (pid") == 1, output[-4000:]
-    finally:
-        for pid in pids:
-            if is_alive(pid):
-                os.kill(pid, signal.SIGKILL)
+    assert_a_killed_rank_ended_the_run(*killed_launches[strategy])
 
 
 def test_the_fabric_example_fine_tunes_with_zero3_offload_and_saves_a_checkpoint(tmp_path: Path) -> None:

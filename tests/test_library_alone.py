@@ -17,7 +17,7 @@ import pytest
 
 from lightning_zero.app.cli import main
 from lightning_zero.packages import APP_PACKAGES, INSTALL_APP
-from tests.helpers.launch import REPO, run_script
+from tests.helpers.launch import REPO, run_script, side_by_side
 from tests.helpers.without_app import HIDDEN
 
 RUNNER = Path(__file__).parent / "helpers" / "alone_run.py"
@@ -64,20 +64,33 @@ def test_a_preset_trains_a_plain_module_without_the_app_packages(runs: Path, str
         assert all(after < before for before, after in itertools.pairwise(losses)), losses
 
 
-@pytest.mark.multiprocess
-@pytest.mark.parametrize(
-    "argv",
-    [
-        ["chat", "--checkpoint", "x.ckpt"],
-        ["fit", "--config", str(REPO / "configs" / "quickstart.yaml")],
-        ["plan", "--config", str(REPO / "configs" / "quickstart.yaml")],
-    ],
-    ids=["chat", "fit", "plan"],
-)
-def test_an_app_command_without_the_app_extra_names_the_install(argv: list[str]) -> None:
-    result = subprocess.run(
+APP_COMMANDS = {
+    "chat": ["chat", "--checkpoint", "x.ckpt"],
+    "fit": ["fit", "--config", str(REPO / "configs" / "quickstart.yaml")],
+    "plan": ["plan", "--config", str(REPO / "configs" / "quickstart.yaml")],
+}
+
+
+def without_app(argv: list[str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
         [sys.executable, str(WITHOUT_APP), *argv], cwd=REPO, capture_output=True, text=True, timeout=120
     )
+
+
+@pytest.fixture(scope="module")
+def commands_without_app() -> dict[str, subprocess.CompletedProcess[str]]:
+    """Each of :data:`APP_COMMANDS` and ``--help`` run with the app packages hidden, two at a time (each is one
+    process that mostly imports, so the two cores run two side by side)."""
+    argvs = {**APP_COMMANDS, "help": ["--help"]}
+    return side_by_side(without_app, argvs, at_once=2)
+
+
+@pytest.mark.multiprocess
+@pytest.mark.parametrize("command", list(APP_COMMANDS))
+def test_an_app_command_without_the_app_extra_names_the_install(
+    commands_without_app: dict[str, subprocess.CompletedProcess[str]], command: str
+) -> None:
+    result = commands_without_app[command]
     assert result.returncode == 2, result.stderr[-2000:]
     assert "Traceback" not in result.stderr, result.stderr[-2000:]
     last = result.stderr.strip().splitlines()[-1]
@@ -85,10 +98,10 @@ def test_an_app_command_without_the_app_extra_names_the_install(argv: list[str])
 
 
 @pytest.mark.multiprocess
-def test_help_lists_every_command_without_the_app_extra() -> None:
-    result = subprocess.run(
-        [sys.executable, str(WITHOUT_APP), "--help"], cwd=REPO, capture_output=True, text=True, timeout=120
-    )
+def test_help_lists_every_command_without_the_app_extra(
+    commands_without_app: dict[str, subprocess.CompletedProcess[str]],
+) -> None:
+    result = commands_without_app["help"]
     assert result.returncode == 0, result.stderr[-2000:]
     assert "chat" in result.stdout and INSTALL_APP in result.stdout, result.stdout[-2000:]
 

@@ -16,7 +16,6 @@ from __future__ import annotations
 import io
 import json
 import os
-import signal
 import subprocess
 import sys
 import threading
@@ -36,26 +35,23 @@ EXIT_SCRIPT = REPO / "tests" / "helpers" / "exit_run.py"
 STRATEGIES = ["zero2", "zero2_fairscale", "zero3_fsdp"]
 
 
-def run_until_every_rank_ended(out: Path, strategy: str) -> tuple[int, str]:
-    """The run's exit status and output; fails if a rank is still there after the hard timeout."""
-    return launch.run_until_every_rank_ended([sys.executable, str(SCRIPT), str(out), strategy, "0", "kill"])
+@pytest.fixture(scope="module")
+def launches(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, int, str]]:
+    """Side by side: one launch per strategy in which rank 0 kills itself (keyed by strategy), and one that finishes
+    (``finished``); each one's directory, exit status and output."""
+    outs = {key: tmp_path_factory.mktemp(key) for key in [*STRATEGIES, "finished"]}
+    commands = {
+        strategy: [sys.executable, str(SCRIPT), str(outs[strategy]), strategy, "0", "kill"] for strategy in STRATEGIES
+    }
+    commands["finished"] = [sys.executable, str(EXIT_SCRIPT), str(outs["finished"])]
+    ended = launch.side_by_side(launch.run_until_every_rank_ended, commands)
+    return {key: (out, *ended[key]) for key, out in outs.items()}
 
 
 @pytest.mark.multiprocess
 @pytest.mark.parametrize("strategy", STRATEGIES)
-def test_when_rank_0_is_killed_the_other_ends_too(strategy: str, tmp_path: Path) -> None:
-    status, output = run_until_every_rank_ended(tmp_path, strategy)
-    pids = [int((tmp_path / f"pid-{r}").read_text()) for r in (0, 1)]
-    try:
-        assert (tmp_path / "failed-at").exists(), output[-4000:]
-        assert not [pid for pid in pids if is_alive(pid)], "a rank outlived the run"
-        assert status != 0
-        # Counted anywhere, not per line: the other rank's progress bar can share the line.
-        assert output.count("error: rank 0 (pid") == 1, output[-4000:]
-    finally:
-        for pid in pids:
-            if is_alive(pid):
-                os.kill(pid, signal.SIGKILL)
+def test_when_rank_0_is_killed_the_other_ends_too(launches: dict[str, tuple[Path, int, str]], strategy: str) -> None:
+    launch.assert_a_killed_rank_ended_the_run(*launches[strategy])
 
 
 @pytest.mark.multiprocess
@@ -189,10 +185,11 @@ def test_a_failed_run_leaves_its_process_groups_alone(monkeypatch: pytest.Monkey
 
 
 @pytest.mark.multiprocess
-def test_a_finished_deepspeed_run_has_ended_its_process_groups_before_python_finalises(tmp_path: Path) -> None:
-    command = [sys.executable, str(EXIT_SCRIPT), str(tmp_path)]
-    result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+def test_a_finished_deepspeed_run_has_ended_its_process_groups_before_python_finalises(
+    launches: dict[str, tuple[Path, int, str]],
+) -> None:
+    out, status, output = launches["finished"]
+    assert status == 0, output[-6000:]
     for rank in (0, 1):
-        left = json.loads((tmp_path / f"exit-rank{rank}.json").read_text())
+        left = json.loads((out / f"exit-rank{rank}.json").read_text())
         assert left == {"torch_group_up": False, "deepspeed_group_held": False}

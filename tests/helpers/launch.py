@@ -6,14 +6,21 @@ on it would hang CI. Every multi-process test goes through :func:`run_script`.
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import os
 import signal
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
+
+from lightning_zero.runtime.watchdog import is_alive
 
 REPO = Path(__file__).resolve().parents[2]
+T = TypeVar("T")
+R = TypeVar("R")
 
 
 def run_script(script: Path | str, *args: str, timeout: float = 600, cwd: Path | None = None) -> str:
@@ -55,6 +62,30 @@ def run_until_every_rank_ended(command: list[str], timeout: float = 240) -> tupl
         output, _ = process.communicate()
         pytest.fail(f"a rank was still running after {timeout:g} s:\n{output[-4000:]}")
     return process.returncode, output
+
+
+def side_by_side(run: Callable[[T], R], arguments: dict[str, T], at_once: int | None = None) -> dict[str, R]:
+    """``run`` of each value of ``arguments``, ``at_once`` at a time (all by default), by key. Launches that mostly
+    wait (on a peer's death, a watchdog's grace) overlap their waits; one-process runs that mostly import run two at a
+    time on two cores."""
+    with concurrent.futures.ThreadPoolExecutor(max_workers=at_once or len(arguments)) as pool:
+        return dict(zip(arguments, pool.map(run, arguments.values()), strict=True))
+
+
+def assert_a_killed_rank_ended_the_run(out: Path, status: int, output: str) -> None:
+    """The launch that wrote ``out`` (each rank's ``pid-<rank>``, the killed rank's ``failed-at``) ended, non-zero,
+    with one line naming rank 0, and left no rank behind (any left is killed)."""
+    pids = [int((out / f"pid-{rank}").read_text()) for rank in (0, 1)]
+    try:
+        assert (out / "failed-at").exists(), output[-4000:]
+        assert not [pid for pid in pids if is_alive(pid)], "a rank outlived the run"
+        assert status != 0
+        # Counted anywhere, not per line: the other rank's progress bar can share the line.
+        assert output.count("error: rank 0 (pid") == 1, output[-4000:]
+    finally:
+        for pid in pids:
+            if is_alive(pid):
+                os.kill(pid, signal.SIGKILL)
 
 
 def _kill_group(pid: int) -> None:
