@@ -16,6 +16,7 @@ import warnings
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -313,6 +314,8 @@ def test_there_are_at_least_40_cases() -> None:
 
 REAL_PROCESS_CASES = ["fp16-deepspeed-cpu", "deepspeed-clip-by-value", "deepspeed-config-unknown-section"]
 REAL_PROCESS_WRONG_KINDS = ["chat-classifier-checkpoint", "plan-empty-config", "fit-deepspeed-config"]
+#: By case: the case as given (its argv first), and its run.
+RealProcesses = dict[str, tuple[Any, subprocess.CompletedProcess[str]]]
 
 
 def latin1_arguments(directory: Path) -> list[str]:
@@ -329,18 +332,14 @@ def run_main(argv: list[str]) -> subprocess.CompletedProcess[str]:
 
 
 @pytest.fixture(scope="module")
-def real_processes(
-    tmp_path_factory: pytest.TempPathFactory,
-) -> dict[str, tuple[Path, subprocess.CompletedProcess[str]]]:
-    """Each real-process case's directory and ``main.py`` run, two at a time (each is one process that mostly
-    imports, so the two cores run two side by side)."""
-    directories = {case: tmp_path_factory.mktemp(case) for case in [*REAL_PROCESS_CASES, *REAL_PROCESS_WRONG_KINDS]}
-    argvs = {case: cases(directories[case])[case][0] for case in REAL_PROCESS_CASES}
-    argvs |= {case: wrong_kind_cases(directories[case])[case][0] for case in REAL_PROCESS_WRONG_KINDS}
-    directories["latin-1"] = tmp_path_factory.mktemp("latin-1")
-    argvs["latin-1"] = latin1_arguments(directories["latin-1"])
-    results = side_by_side(run_main, argvs, at_once=2)
-    return {case: (directories[case], result) for case, result in results.items()}
+def real_processes(tmp_path_factory: pytest.TempPathFactory) -> RealProcesses:
+    """Each real-process case (as :func:`cases` or :func:`wrong_kind_cases` gives it: its argv first) and its
+    ``main.py`` run, two at a time (each is one process that mostly imports, so the two cores run two side by side)."""
+    given: dict[str, Any] = {case: cases(tmp_path_factory.mktemp(case))[case] for case in REAL_PROCESS_CASES}
+    given |= {case: wrong_kind_cases(tmp_path_factory.mktemp(case))[case] for case in REAL_PROCESS_WRONG_KINDS}
+    given["latin-1"] = (latin1_arguments(tmp_path_factory.mktemp("latin-1")),)
+    results = side_by_side(run_main, {case: case_given[0] for case, case_given in given.items()}, at_once=2)
+    return {case: (given[case], results[case]) for case in given}
 
 
 def the_one_error_line(result: subprocess.CompletedProcess[str]) -> str:
@@ -355,11 +354,8 @@ def the_one_error_line(result: subprocess.CompletedProcess[str]) -> str:
 
 @pytest.mark.multiprocess
 @pytest.mark.parametrize("case", REAL_PROCESS_CASES)
-def test_a_real_process_ends_at_once_without_a_traceback(
-    case: str, real_processes: dict[str, tuple[Path, subprocess.CompletedProcess[str]]]
-) -> None:
-    directory, result = real_processes[case]
-    fragments = cases(directory)[case][1]
+def test_a_real_process_ends_at_once_without_a_traceback(case: str, real_processes: RealProcesses) -> None:
+    (_, fragments), result = real_processes[case]
     line = the_one_error_line(result)
     assert all(fragment in line for fragment in fragments), line
 
@@ -390,7 +386,7 @@ def test_a_trainer_built_in_python_is_checked_before_the_ranks_start(
 
 @pytest.mark.multiprocess
 def test_a_file_in_another_encoding_ends_a_two_process_run_at_once_without_a_traceback(
-    real_processes: dict[str, tuple[Path, subprocess.CompletedProcess[str]]],
+    real_processes: RealProcesses,
 ) -> None:
     line = the_one_error_line(real_processes["latin-1"][1])
     assert "not valid utf-8 at byte 17 (line 2): pass data.init_args.encoding: latin-1" in line
@@ -503,11 +499,8 @@ def test_an_input_of_the_wrong_kind_is_one_line_ending_in_its_fix(
 
 @pytest.mark.multiprocess
 @pytest.mark.parametrize("case", REAL_PROCESS_WRONG_KINDS)
-def test_a_real_process_given_the_wrong_kind_of_file_ends_in_one_line(
-    case: str, real_processes: dict[str, tuple[Path, subprocess.CompletedProcess[str]]]
-) -> None:
-    directory, result = real_processes[case]
-    _, what, fix = wrong_kind_cases(directory)[case]
+def test_a_real_process_given_the_wrong_kind_of_file_ends_in_one_line(case: str, real_processes: RealProcesses) -> None:
+    (_, what, fix), result = real_processes[case]
     line = the_one_error_line(result)
     assert what in line and line.endswith(fix), line
 

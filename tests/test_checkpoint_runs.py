@@ -305,6 +305,11 @@ def crossed(one_process: tuple[Path, dict[str, int]]) -> Path:
     return one_process[0]
 
 
+def cross_source_checkpoint(directory: Path, pair: str) -> Path:
+    """The checkpoint (step 10 of its source's ``plain`` run) that the ``cross`` run of ``pair`` resumes."""
+    return directory / f"ckpt-plain-{pair.split('>')[0]}" / f"epoch=1-step={2 * EVERY}.ckpt"
+
+
 def cross_result(directory: Path, kind: str, pair: str) -> tuple[dict[str, Any], dict[str, Any]]:
     source = pair.split(">")[0]
     reference = torch.load(directory / f"plain-{source}.pt", weights_only=False)
@@ -478,9 +483,7 @@ def test_a_one_card_preset_resumes_a_zero_checkpoint_weights_only_with_one_warni
     # Lightning's distributed strategies shuffle a training loader (seeded); a single-device one keeps the loader's
     # own order, sequential here. The first resumed step is the saved weights on the epoch's next batch in that order.
     saved = ShortEpochLM(batch_size=8)
-    saved.load_state_dict(
-        consolidate(crossed / f"ckpt-plain-{ONE_CARD_CROSS.split('>')[0]}" / f"epoch=1-step={2 * EVERY}.ckpt")
-    )
+    saved.load_state_dict(consolidate(cross_source_checkpoint(crossed, ONE_CARD_CROSS)))
     batches = list(saved.train_dataloader())
     (batch,) = batches[2 * EVERY % len(batches)]
     with torch.no_grad():
@@ -490,8 +493,8 @@ def test_a_one_card_preset_resumes_a_zero_checkpoint_weights_only_with_one_warni
 
 def weights_only_warnings(crossed: Path, pair: str) -> list[str]:
     """The lines of the cross launch's output that warn about ``pair``'s resume without its optimizer state."""
-    source, target = pair.split(">")
-    path = crossed / f"ckpt-plain-{source}" / f"epoch=1-step={2 * EVERY}.ckpt"
+    target = pair.split(">")[1]
+    path = cross_source_checkpoint(crossed, pair)
     names = {
         "ddp": "ddp",
         "zero2": "deepspeed ZeRO-2",

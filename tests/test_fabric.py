@@ -16,6 +16,7 @@ weights 5.9e-5 on 1.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import sys
 from pathlib import Path
@@ -40,9 +41,8 @@ from lightning_zero.preset_table import PRESETS
 from tests.helpers.launch import (
     REPO,
     assert_a_killed_rank_ended_the_run,
+    launches_side_by_side,
     run_script,
-    run_until_every_rank_ended,
-    side_by_side,
 )
 from tests.helpers.parity import load_result, max_weight_difference
 from tests.helpers.shared_launch import split_output
@@ -415,12 +415,13 @@ KILLED = ["zero2", "zero3_fsdp", "zero2_fairscale"]
 def killed_launches(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, int, str]]:
     """Side by side, one Fabric launch per strategy in which rank 0 kills itself: each one's directory, status and
     output."""
-    outs = {strategy: tmp_path_factory.mktemp(f"killed-{strategy}") for strategy in KILLED}
-    ended = side_by_side(
-        run_until_every_rank_ended,
-        {strategy: [sys.executable, str(ORPHAN), str(out), strategy] for strategy, out in outs.items()},
+    return launches_side_by_side(
+        tmp_path_factory, {strategy: functools.partial(killing_rank_0_under_fabric, strategy) for strategy in KILLED}
     )
-    return {strategy: (out, *ended[strategy]) for strategy, out in outs.items()}
+
+
+def killing_rank_0_under_fabric(strategy: str, out: Path) -> list[str]:
+    return [sys.executable, str(ORPHAN), str(out), strategy]
 
 
 @pytest.mark.parametrize("strategy", KILLED)

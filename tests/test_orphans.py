@@ -13,12 +13,14 @@ still frees a collective's buffers aborts the process); a failed one leaves them
 
 from __future__ import annotations
 
+import functools
 import io
 import json
 import os
 import subprocess
 import sys
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -35,17 +37,21 @@ EXIT_SCRIPT = REPO / "tests" / "helpers" / "exit_run.py"
 STRATEGIES = ["zero2", "zero2_fairscale", "zero3_fsdp"]
 
 
+def killing_rank_0(strategy: str, out: Path) -> list[str]:
+    return [sys.executable, str(SCRIPT), str(out), strategy, "0", "kill"]
+
+
+def finishing(out: Path) -> list[str]:
+    return [sys.executable, str(EXIT_SCRIPT), str(out)]
+
+
 @pytest.fixture(scope="module")
 def launches(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, int, str]]:
     """Side by side: one launch per strategy in which rank 0 kills itself (keyed by strategy), and one that finishes
     (``finished``); each one's directory, exit status and output."""
-    outs = {key: tmp_path_factory.mktemp(key) for key in [*STRATEGIES, "finished"]}
-    commands = {
-        strategy: [sys.executable, str(SCRIPT), str(outs[strategy]), strategy, "0", "kill"] for strategy in STRATEGIES
-    }
-    commands["finished"] = [sys.executable, str(EXIT_SCRIPT), str(outs["finished"])]
-    ended = launch.side_by_side(launch.run_until_every_rank_ended, commands)
-    return {key: (out, *ended[key]) for key, out in outs.items()}
+    commands: dict[str, Callable[[Path], list[str]]] = {s: functools.partial(killing_rank_0, s) for s in STRATEGIES}
+    commands["finished"] = finishing
+    return launch.launches_side_by_side(tmp_path_factory, commands)
 
 
 @pytest.mark.multiprocess

@@ -99,7 +99,8 @@ def load(
         load_into_deepspeed(engine.module, engine, checkpoint.pop("state_dict"), stage)
         warn_optimizer_not_carried(path, manifest, here, route.why)
         del checkpoint[OPTIMIZERS]  # none: the optimizer starts afresh
-        entries = {key: value for key, value in state.items() if value is not engine and value is not engine.optimizer}
+        # restore_entries skips the model (a Module) and torch optimizers; DeepSpeed's ZeRO optimizer is neither.
+        entries = {key: value for key, value in state.items() if value is not engine.optimizer}
         rest = restore_entries(checkpoint, entries, strict)
         state.update(entries)
         return rest

@@ -14,9 +14,12 @@ import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 from lightning_zero.runtime.watchdog import is_alive
+
+if TYPE_CHECKING:  # pytest is imported where a test runs, not in the ranks
+    import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 T = TypeVar("T")
@@ -70,6 +73,16 @@ def side_by_side(run: Callable[[T], R], arguments: dict[str, T], at_once: int | 
     time on two cores."""
     with concurrent.futures.ThreadPoolExecutor(max_workers=at_once or len(arguments)) as pool:
         return dict(zip(arguments, pool.map(run, arguments.values()), strict=True))
+
+
+def launches_side_by_side(
+    tmp_path_factory: pytest.TempPathFactory, commands: dict[str, Callable[[Path], list[str]]]
+) -> dict[str, tuple[Path, int, str]]:
+    """Each of ``commands``, given a fresh directory of its own, run :func:`side_by_side` until every rank ended: by
+    key, its directory, exit status and output."""
+    outs = {key: tmp_path_factory.mktemp(key) for key in commands}
+    ended = side_by_side(run_until_every_rank_ended, {key: command(outs[key]) for key, command in commands.items()})
+    return {key: (outs[key], *ended[key]) for key in commands}
 
 
 def assert_a_killed_rank_ended_the_run(out: Path, status: int, output: str) -> None:
